@@ -1,0 +1,41 @@
+"""The ``t3d-trl`` console script: ``t3d-trl <command> [options]``.
+
+Each command lives in its own module of this package and exposes ``main(argv) -> int``; its one-line help
+is registered in :data:`COMMANDS`. Commands that read recipes parse them TRL-style (``--config recipe.yaml``: YAML values become
+defaults, command-line flags override them, unknown keys fail); see :func:`t3d_trl.cli.parsing.parse_recipe`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# command name -> (module under t3d_trl.cli, one-line help). Modules are imported only when their command runs.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "env": ("env", "print versions of t3d-trl, Python, torch and the Hugging Face libraries"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: t3d-trl <command> [options]", "", "commands:"]
+    for name, (_, help_line) in COMMANDS.items():
+        lines.append(f"  {name:<12} {help_line}")
+    lines += ["", "Run `t3d-trl <command> --help` for the options of a command."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(f"t3d-trl: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(f"t3d_trl.cli.{COMMANDS[command][0]}")
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,5 @@
+from .configuration import DiffusionGenerationConfig
+from .mixin import DiffusionGenerationMixin
+from .sampler import DiffusionGenerationOutput
+
+__all__ = ["DiffusionGenerationConfig", "DiffusionGenerationMixin", "DiffusionGenerationOutput"]

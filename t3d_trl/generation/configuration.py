@@ -1,0 +1,172 @@
+"""Settings of few-step diffusion decoding."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any, Literal
+
+CONFIG_KEY = "diffusion_generation"
+REMASKING = ("low_confidence", "random", "entropy", "margin")
+DYNAMIC_RULES = ("threshold", "threshold_topup")
+
+
+@dataclass
+class DiffusionGenerationConfig:
+    """How ``diffusion_generate`` decodes.
+
+    The generated region is split into blocks of ``block_length`` tokens decoded left to right (semi-
+    autoregressive); inside a block, masked positions are unmasked over a number of steps.
+
+    Args:
+        max_new_tokens: tokens generated per prompt; a multiple of ``block_length``.
+        block_length: tokens per decoding block. ``None``: the model's block size for block-causal models,
+            else ``max_new_tokens`` (one block).
+        steps: total denoising steps over all blocks (LLaDA's ``steps``), split evenly over the blocks.
+        tokens_per_step: tokens committed per step (TokPS); ``block_length / tokens_per_step`` steps per block.
+            Give ``steps`` or ``tokens_per_step``, not both; with neither, one token per step.
+        temperature: 0 for greedy; otherwise Gumbel-max sampling with float64 noise.
+        top_k: keep only the ``top_k`` most likely tokens before sampling (``None`` = all).
+        top_p: nucleus filtering before sampling (``None`` = off).
+        remasking: which masked positions a step commits first: ``low_confidence`` (highest probability of the
+            chosen token), ``margin`` (largest gap between the top two probabilities), ``entropy`` (lowest
+            predictive entropy) or ``random``.
+        threshold: ``None`` for static decoding. A float in (0, 1] switches to dynamic decoding: see
+            ``dynamic_rule``. Needs a probability-like score (``low_confidence`` or ``margin``).
+        dynamic_rule: ``threshold`` (Fast-dLLM, default): commit every masked position of the current block
+            whose score is at or above ``threshold``, and at least the single best one; repeat until the
+            block is full. ``threshold_topup`` (the T3D reference engine): commit everything above the
+            threshold and top up to the static per-step quota.
+        eos_token_id: id(s) that end a completion. ``None``: read from the model's config.
+        pad_token_id: id written after the end of a finished completion. ``None``: the first EOS id.
+        stop_at_eos: once a row has an EOS with every position before it decoded, fill the rest of its
+            canvas with ``pad_token_id`` and stop spending steps on it; stop when every row is finished.
+        use_cache: decode block-causal models with a block KV cache (bidirectional models ignore it).
+        return_dict_in_generate: return a :class:`DiffusionGenerationOutput` instead of a tensor.
+        output_history: also return the canvas after every step (needs ``return_dict_in_generate``).
+    """
+
+    max_new_tokens: int = 128
+    block_length: int | None = None
+    steps: int | None = None
+    tokens_per_step: int | None = None
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    remasking: Literal["low_confidence", "random", "entropy", "margin"] = "low_confidence"
+    threshold: float | None = None
+    dynamic_rule: Literal["threshold", "threshold_topup"] = "threshold"
+    eos_token_id: int | list[int] | None = None
+    pad_token_id: int | None = None
+    stop_at_eos: bool = True
+    use_cache: bool = True
+    return_dict_in_generate: bool = False
+    output_history: bool = False
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Check values that do not depend on the model or the prompt."""
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be positive, got {self.max_new_tokens}")
+        if self.block_length is not None and self.block_length < 1:
+            raise ValueError(f"block_length must be positive, got {self.block_length}")
+        if self.steps is not None and self.tokens_per_step is not None:
+            raise ValueError(
+                f"give steps ({self.steps}) or tokens_per_step ({self.tokens_per_step}), not both"
+            )
+        if self.steps is not None and self.steps < 1:
+            raise ValueError(f"steps must be positive, got {self.steps}")
+        if self.tokens_per_step is not None and self.tokens_per_step < 1:
+            raise ValueError(f"tokens_per_step must be positive, got {self.tokens_per_step}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top_k must be positive, got {self.top_k}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.remasking not in REMASKING:
+            raise ValueError(f"remasking must be one of {REMASKING}, got {self.remasking!r}")
+        if self.dynamic_rule not in DYNAMIC_RULES:
+            raise ValueError(f"dynamic_rule must be one of {DYNAMIC_RULES}, got {self.dynamic_rule!r}")
+        if self.threshold is not None:
+            if not 0 < self.threshold <= 1:
+                raise ValueError(f"threshold must be in (0, 1], got {self.threshold}")
+            if self.remasking not in ("low_confidence", "margin"):
+                raise ValueError(
+                    f"dynamic decoding compares a probability with the threshold; remasking={self.remasking!r} "
+                    "has no probability score (use low_confidence or margin)"
+                )
+        if self.output_history and not self.return_dict_in_generate:
+            raise ValueError("output_history=True needs return_dict_in_generate=True")
+
+    def resolve(self, model_block_size: int | None) -> tuple[int, int]:
+        """Return ``(block_length, steps_per_block)`` for a model, checking the budget's arithmetic."""
+        block_length = self.block_length or model_block_size or self.max_new_tokens
+        if self.max_new_tokens % block_length:
+            raise ValueError(
+                f"max_new_tokens={self.max_new_tokens} is not a multiple of block_length={block_length}"
+            )
+        num_blocks = self.max_new_tokens // block_length
+        if self.tokens_per_step is not None:
+            if self.tokens_per_step > block_length:
+                raise ValueError(
+                    f"tokens_per_step={self.tokens_per_step} is larger than block_length={block_length}"
+                )
+            if block_length % self.tokens_per_step:
+                raise ValueError(
+                    f"block_length={block_length} is not a multiple of tokens_per_step={self.tokens_per_step}"
+                )
+            return block_length, block_length // self.tokens_per_step
+        steps = self.steps if self.steps is not None else self.max_new_tokens
+        if steps % num_blocks:
+            raise ValueError(
+                f"steps={steps} does not split evenly over {num_blocks} blocks of {block_length}"
+            )
+        steps_per_block = steps // num_blocks
+        if steps_per_block > block_length:
+            raise ValueError(
+                f"steps={steps} gives {steps_per_block} steps per block, more than block_length={block_length}"
+            )
+        return block_length, steps_per_block
+
+    def update(self, **overrides: Any) -> DiffusionGenerationConfig:
+        """A copy with ``overrides`` applied; unknown names raise."""
+        known = {f.name for f in fields(self)}
+        unknown = set(overrides) - known
+        if unknown:
+            raise TypeError(f"unknown generation settings: {sorted(unknown)}")
+        # Setting one budget unit clears the other, so overrides never conflict with saved defaults.
+        if overrides.get("steps") is not None:
+            overrides.setdefault("tokens_per_step", None)
+        if overrides.get("tokens_per_step") is not None:
+            overrides.setdefault("steps", None)
+        return replace(self, **overrides)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DiffusionGenerationConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown keys in diffusion generation config: {sorted(unknown)}")
+        return cls(**data)
+
+    @classmethod
+    def from_model_config(cls, config: Any) -> DiffusionGenerationConfig:
+        """The generation defaults stored with a model (or the class defaults)."""
+        data = getattr(config, CONFIG_KEY, None)
+        if data is None:
+            return cls()
+        if isinstance(data, DiffusionGenerationConfig):
+            return data
+        return cls.from_dict(dict(data))
+
+    def save_to_model_config(self, config: Any) -> None:
+        """Store as the model's defaults (travels with ``save_pretrained`` and ``push_to_hub``)."""
+        data = self.to_dict()
+        data["return_dict_in_generate"] = False
+        data["output_history"] = False
+        setattr(config, CONFIG_KEY, data)

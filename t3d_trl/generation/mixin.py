@@ -1,0 +1,59 @@
+"""``DiffusionGenerationMixin``: gives a transformers model ``diffusion_generate``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..models.diffusion_config import DiffusionConfig
+from .configuration import DiffusionGenerationConfig
+from .sampler import DiffusionGenerationOutput, diffusion_generate
+
+
+class DiffusionGenerationMixin:
+    """Few-step masked diffusion decoding for any model with a :class:`DiffusionConfig` in its config.
+
+    Mixed into a model by :func:`t3d_trl.add_diffusion_generation` or
+    :meth:`t3d_trl.AutoModelForDiffusionLM.from_pretrained`.
+    """
+
+    @property
+    def diffusion_config(self) -> DiffusionConfig:
+        diffusion = DiffusionConfig.from_model_config(self.config)
+        if diffusion is None:
+            raise ValueError(
+                f"{type(self).__name__} has no diffusion description (no mask token id): attach one with "
+                "add_diffusion_generation(model, DiffusionConfig(mask_token_id=...))"
+            )
+        return diffusion
+
+    @property
+    def diffusion_generation_config(self) -> DiffusionGenerationConfig:
+        """Decoding defaults stored with the model."""
+        return DiffusionGenerationConfig.from_model_config(self.config)
+
+    @torch.no_grad()
+    def diffusion_generate(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        generation_config: DiffusionGenerationConfig | None = None,
+        generator: torch.Generator | None = None,
+        **overrides: Any,
+    ) -> torch.Tensor | DiffusionGenerationOutput:
+        """Generate completions by masked diffusion.
+
+        Args:
+            input_ids: ``[B, P]`` left-padded prompt ids.
+            attention_mask: ``[B, P]`` 1 for prompt tokens, 0 for (left) padding.
+            generation_config: settings; defaults to the ones saved with the model.
+            generator: a ``torch.Generator`` for reproducible sampling and random remasking.
+            **overrides: any :class:`DiffusionGenerationConfig` field, e.g. ``tokens_per_step=2``.
+
+        Returns:
+            ``[B, P + max_new_tokens]`` sequences, or a :class:`DiffusionGenerationOutput` when
+            ``return_dict_in_generate=True``.
+        """
+        config = (generation_config or self.diffusion_generation_config).update(**overrides)
+        return diffusion_generate(self, self.diffusion_config, input_ids, attention_mask, config, generator)

@@ -1,0 +1,118 @@
+"""Per-step token choice and commit rules of masked diffusion decoding.
+
+A step proposes a token ``x0`` for every position of the current block and a score saying how sure it is;
+the commit rule then unmasks the best-scored masked positions (a fixed quota per step for static decoding,
+everything above a threshold for dynamic decoding). Everything here works on the current block only, so its
+cost is independent of the canvas length.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def transfer_schedule(num_masked: torch.Tensor, steps: int) -> torch.Tensor:
+    """Tokens to commit at each of ``steps`` steps for blocks holding ``num_masked`` masks (LLaDA rule).
+
+    Every step commits ``m // steps`` tokens and the first ``m % steps`` steps one more, so the block is full
+    after exactly ``steps`` steps. Returns ``[B, steps]`` long.
+    """
+    base = num_masked.unsqueeze(1) // steps
+    extra = (
+        torch.arange(steps, device=num_masked.device).unsqueeze(0) < (num_masked % steps).unsqueeze(1)
+    ).long()
+    return base + extra
+
+
+def filter_logits(logits: torch.Tensor, top_k: int | None, top_p: float | None) -> torch.Tensor:
+    """Set logits outside the top-k / nucleus to ``-inf`` (no-op when both are off)."""
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        cumulative = sorted_logits.softmax(-1).cumsum(-1)
+        # Drop a token when the mass before it already reaches top_p (the top token always stays).
+        drop_sorted = (cumulative - sorted_logits.softmax(-1)) >= top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def propose_tokens(
+    logits: torch.Tensor,
+    temperature: float,
+    remasking: str,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick ``x0`` for every position and score it.
+
+    Sampling is Gumbel-max in float64 (``argmax(logits / T + G)``), which draws exactly from
+    ``softmax(logits / T)``; ``temperature == 0`` is the plain argmax. Scores (higher = commit first) are
+    computed from the (filtered) logits at temperature 1, as in the LLaDA reference:
+    ``low_confidence`` = p(x0), ``margin`` = p(top1) - p(top2), ``entropy`` = minus the predictive entropy,
+    ``random`` = uniform noise.
+
+    Args:
+        logits: ``[B, L, V]`` logits of the current block.
+
+    Returns:
+        ``(x0, score)``, both ``[B, L]``.
+    """
+    logits = filter_logits(logits.float(), top_k, top_p)
+    if temperature > 0:
+        uniform = torch.rand(logits.shape, dtype=torch.float64, device=logits.device, generator=generator)
+        gumbel = -torch.log(-torch.log(uniform.clamp_min(1e-300)))
+        x0 = (logits.double() / temperature + gumbel).argmax(-1)
+    else:
+        x0 = logits.argmax(-1)
+    if remasking == "random":
+        score = torch.rand(x0.shape, device=logits.device, generator=generator)
+    elif remasking == "low_confidence":
+        score = (logits.gather(-1, x0.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)).exp()
+    elif remasking == "margin":
+        top2 = logits.topk(2, dim=-1).values
+        lse = logits.logsumexp(-1, keepdim=True)
+        probs = (top2 - lse).exp()
+        score = probs[..., 0] - probs[..., 1]
+    elif remasking == "entropy":
+        logp = logits.log_softmax(-1)
+        score = (logp.exp() * logp.nan_to_num(neginf=0.0)).sum(-1)
+    else:
+        raise ValueError(f"unknown remasking {remasking!r}")
+    return x0, score
+
+
+def select_static(score: torch.Tensor, masked: torch.Tensor, quota: torch.Tensor) -> torch.Tensor:
+    """Commit the ``quota[b]`` best-scored masked positions of each row. Returns a ``[B, L]`` bool mask."""
+    k = int(quota.max())
+    commit = torch.zeros_like(masked)
+    if k == 0:
+        return commit
+    score = score.masked_fill(~masked, float("-inf"))
+    top = score.topk(k, dim=-1).indices
+    take = torch.arange(k, device=score.device).unsqueeze(0) < quota.unsqueeze(1)
+    commit.scatter_(1, top, take)
+    return commit & masked
+
+
+def select_dynamic(
+    score: torch.Tensor,
+    masked: torch.Tensor,
+    threshold: float,
+    quota: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Commit every masked position scored at or above ``threshold``.
+
+    Without ``quota`` (Fast-dLLM rule) at least the single best masked position of each row with masks is
+    committed, so decoding always progresses. With ``quota`` (T3D reference engine rule) rows that clear fewer
+    than ``quota[b]`` positions are topped up to it with the best remaining ones.
+    """
+    commit = masked & (score >= threshold)
+    floor = masked.any(-1).long() if quota is None else torch.minimum(quota, masked.sum(-1))
+    short = commit.sum(-1) < floor
+    if short.any():
+        commit |= select_static(score, masked, torch.where(short, floor, torch.zeros_like(floor)))
+    return commit
