@@ -39,7 +39,8 @@ class DiffusionGenerationConfig:
         eos_token_id: id(s) that end a completion. ``None``: read from the model's config.
         pad_token_id: id written after the end of a finished completion. ``None``: the first EOS id.
         stop_at_eos: once a row has an EOS with every position before it decoded, fill the rest of its
-            canvas with ``pad_token_id`` and stop spending steps on it; stop when every row is finished.
+            canvas with ``pad_token_id`` and stop spending steps on it; stop when every row is finished. With
+            ``False`` the whole canvas is decoded and returned as is (the LLaDA reference behaviour).
         use_cache: decode block-causal models with a block KV cache (bidirectional models ignore it).
         return_dict_in_generate: return a :class:`DiffusionGenerationOutput` instead of a tensor.
         output_history: also return the canvas after every step (needs ``return_dict_in_generate``).

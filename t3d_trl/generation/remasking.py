@@ -49,9 +49,10 @@ def propose_tokens(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick ``x0`` for every position and score it.
 
-    Sampling is Gumbel-max in float64 (``argmax(logits / T + G)``), which draws exactly from
-    ``softmax(logits / T)``; ``temperature == 0`` is the plain argmax. Scores (higher = commit first) are
-    computed from the (filtered) logits at temperature 1, as in the LLaDA reference:
+    Sampling is Gumbel-max in float64 (``argmax(logits / T + G)`` over the top-k / top-p filtered logits),
+    which draws exactly from ``softmax(logits / T)``; ``temperature == 0`` is the plain argmax. Scores (higher
+    = commit first) are computed from the model's unfiltered distribution at temperature 1, as in the LLaDA
+    reference, so filtering changes which token is drawn, not how sure the model is of it:
     ``low_confidence`` = p(x0), ``margin`` = p(top1) - p(top2), ``entropy`` = minus the predictive entropy,
     ``random`` = uniform noise.
 
@@ -61,11 +62,11 @@ def propose_tokens(
     Returns:
         ``(x0, score)``, both ``[B, L]``.
     """
-    logits = filter_logits(logits.float(), top_k, top_p)
+    logits = logits.float()
     if temperature > 0:
         uniform = torch.rand(logits.shape, dtype=torch.float64, device=logits.device, generator=generator)
         gumbel = -torch.log(-torch.log(uniform.clamp_min(1e-300)))
-        x0 = (logits.double() / temperature + gumbel).argmax(-1)
+        x0 = (filter_logits(logits, top_k, top_p).double() / temperature + gumbel).argmax(-1)
     else:
         x0 = logits.argmax(-1)
     if remasking == "random":

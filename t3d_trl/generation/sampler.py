@@ -17,7 +17,8 @@ mask tokens and is decoded in blocks of ``block_length`` tokens, left to right.
 Schedules. Static decoding splits the ``m`` masks of a block over its ``steps_per_block`` steps (LLaDA: each
 step ``m // s``, the first ``m % s`` steps one more); steps whose quota is zero for every row are skipped.
 ``decode_steps`` records, for every generated token, the global step (1-based, ``block * steps_per_block +
-step + 1``) at which it was unmasked; 0 marks a position filled after the completion's EOS. Dynamic
+step + 1``) at which it was unmasked; with ``stop_at_eos``, 0 marks a position filled after the completion's
+EOS. Dynamic
 decoding (``threshold``) counts its steps per row instead.
 """
 
@@ -227,7 +228,7 @@ def diffusion_generate(
 
     generated = x.gather(1, canvas.gen_index)
     steps_out = decode_step.gather(1, canvas.gen_index)
-    if eos_ids:
+    if eos_ids and config.stop_at_eos:
         # Everything after a completion's first EOS is padding (and was never decoded by then).
         is_eos = torch.isin(generated, eos_tensor)
         after = (is_eos.long().cumsum(-1) - is_eos.long()) > 0
