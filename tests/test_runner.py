@@ -1,0 +1,276 @@
+"""The evaluation runner: metrics on scripted completions, batching, seeds and pass@k, the grid."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import statistics
+
+import pytest
+import torch
+from conftest import BENCHMARK_ROWS, build_block_causal_model
+
+from t3d_trl import DiffusionGenerationConfig, DiffusionGenerationOutput
+from t3d_trl.data.prompts import render_prompt
+from t3d_trl.evaluation.benchmarks import BENCHMARKS, Benchmark, get_benchmark, register_benchmark
+from t3d_trl.evaluation.runner import (
+    DecodingSetting,
+    evaluate_model,
+    generate_completions,
+    grid_settings,
+    run_grid,
+)
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+class ScriptedModel(torch.nn.Module):
+    """A stand-in for a diffusion LM: answers each prompt with the script whose key occurs in it.
+
+    A script is a string or ``generator -> string`` (for sampling runs). Every completion ends with EOS and
+    costs ``2 * tokens`` forward passes, so every metric of a run is known in advance.
+    """
+
+    def __init__(self, tokenizer, scripts):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+        self.tokenizer = tokenizer
+        self.scripts = scripts
+        self.batches: list[list[int]] = []  # prompt lengths of every call
+        self.configs: list[DiffusionGenerationConfig] = []
+
+    @property
+    def diffusion_generation_config(self):
+        return DiffusionGenerationConfig(max_new_tokens=32, eos_token_id=self.tokenizer.eos_token_id)
+
+    def completion(self, prompt, generator=None):
+        script = next(value for key, value in self.scripts.items() if key in prompt)
+        return script(generator) if callable(script) else script
+
+    def diffusion_generate(self, input_ids, attention_mask=None, generation_config=None, generator=None):
+        eos = self.tokenizer.eos_token_id
+        rows, nfe = [], []
+        for ids, mask in zip(input_ids, attention_mask):
+            text = self.completion(self.tokenizer.decode(ids[mask.bool()]), generator)
+            tokens = self.tokenizer(text, add_special_tokens=False)["input_ids"] + [eos]
+            rows.append(tokens + [eos] * (generation_config.max_new_tokens - len(tokens)))
+            nfe.append(2 * len(tokens))
+        self.batches.append(attention_mask.sum(-1).tolist())
+        self.configs.append(generation_config)
+        generated = torch.tensor(rows)
+        return DiffusionGenerationOutput(
+            sequences=torch.cat([input_ids, generated], dim=1),
+            decode_steps=torch.ones_like(generated),
+            nfe=torch.tensor(nfe),
+        )
+
+
+GSM8K_SCRIPTS = {"Tom has": "1 + 3 = 4, so \\boxed{4}", "A box holds": "2 boxes: \\boxed{13}"}
+
+
+def coin(answer):
+    """A sampled completion: ``answer`` or a wrong one, with probability 1/2 each."""
+    return lambda generator: (
+        f"\\boxed{{{answer}}}" if torch.rand((), generator=generator) < 0.5 else "\\boxed{7}"
+    )
+
+
+def test_metrics_of_scripted_completions(tokenizer, benchmark_files):
+    model = ScriptedModel(tokenizer, GSM8K_SCRIPTS)
+    result = evaluate_model(model, tokenizer, "gsm8k", data_files=benchmark_files["gsm8k"], progress=False)
+    texts = list(GSM8K_SCRIPTS.values())
+    assert [r.completion for r in result.records] == texts
+    assert [r.correct for r in result.records] == [True, False]
+    assert [r.num_tokens for r in result.records] == [len(t) + 1 for t in texts]  # characters + EOS
+    assert [r.id for r in result.records] == ["0", "1"]
+    assert all(r.finished for r in result.records)
+    assert result.records[0].prompt == render_prompt(
+        tokenizer, get_benchmark("gsm8k").user_message({"problem": BENCHMARK_ROWS["gsm8k"][0]["question"]})
+    )
+    m = result.metrics
+    tokens = sum(len(t) + 1 for t in texts)
+    seconds = sum(r.latency for r in result.records)
+    assert m["accuracy"] == 0.5 and m["accuracy_std"] == 0.0
+    assert m["mean_output_length"] == tokens / 2
+    assert m["mean_nfe"] == tokens  # two forward passes per token
+    assert m["tokens_per_step"] == 0.5
+    assert m["tokens_per_second"] == pytest.approx(tokens / seconds)
+    assert m["latency_per_sample"] == pytest.approx(seconds / 2)
+    assert result.per_seed == [{k: v for k, v in m.items() if not k.endswith("_std")}]
+    assert result.generation_config["max_new_tokens"] == 32
+    assert len(model.batches) == 2  # an untimed warm-up call, then one batch of both prompts
+    evaluate_model(
+        model, tokenizer, "gsm8k", data_files=benchmark_files["gsm8k"], warmup=False, progress=False
+    )
+    assert len(model.batches) == 3
+
+
+def test_batching_sorts_by_length_and_keeps_the_order(tokenizer):
+    scripts = {f"q{i}": f"answer {i}" for i in range(5)}
+    messages = ["q0", "q1 a longer prompt", "q2 mid", "q3 the longest prompt of all", "q4"]
+    outputs = {}
+    for batch_size in (1, 2, 8):
+        model = ScriptedModel(tokenizer, scripts)
+        out = generate_completions(model, tokenizer, messages, batch_size=batch_size, progress=False)
+        outputs[batch_size] = out.completions
+        lengths = [n for batch in model.batches for n in batch]
+        assert lengths == sorted(lengths, reverse=True)
+        assert [len(b) for b in model.batches] == [min(batch_size, 5 - i) for i in range(0, 5, batch_size)]
+    assert outputs[1] == outputs[2] == outputs[8] == [f"answer {i}" for i in range(5)]
+
+
+def test_seeds_samples_and_pass_at_k(tokenizer, benchmark_files):
+    model = ScriptedModel(tokenizer, {"2+2": coin("4"), "frac": coin("0.5")})
+    kwargs = dict(data_files=benchmark_files["math500"], num_samples=4, pass_k=(1, 2, 4), progress=False)
+    result = evaluate_model(model, tokenizer, "math500", seeds=[0, 1, 2], **kwargs)
+    assert len(result.records) == 2 * 4 * 3
+    accuracies = []
+    for seed, metrics in zip([0, 1, 2], result.per_seed):
+        records = [r for r in result.records if r.seed == seed]
+        assert sorted((r.id, r.sample) for r in records) == sorted(
+            (i, s) for i in ("test/algebra/1.json", "test/algebra/2.json") for s in range(4)
+        )
+        accuracies.append(sum(r.correct for r in records) / len(records))
+        assert metrics["accuracy"] == accuracies[-1]
+        for k in (1, 2, 4):
+            per_problem = []
+            for problem in ("test/algebra/1.json", "test/algebra/2.json"):
+                c = sum(r.correct for r in records if r.id == problem)
+                per_problem.append(1 - math.comb(4 - c, k) / math.comb(4, k))
+            assert metrics[f"pass@{k}"] == pytest.approx(sum(per_problem) / 2)
+        assert metrics["pass@1"] == pytest.approx(metrics["accuracy"])
+    assert (
+        len({tuple(r.correct for r in result.records if r.seed == s) for s in (0, 1, 2)}) > 1
+    )  # seeds matter
+    assert result.metrics["accuracy"] == pytest.approx(statistics.mean(accuracies))
+    assert result.metrics["accuracy_std"] == pytest.approx(statistics.stdev(accuracies))
+    again = evaluate_model(model, tokenizer, "math500", seeds=[1], **kwargs)
+    assert [r.completion for r in again.records] == [r.completion for r in result.records if r.seed == 1]
+
+
+def test_custom_benchmark_by_name(tokenizer, tmp_path):
+    path = tmp_path / "capitals.jsonl"
+    path.write_text('{"country": "France", "city": "Paris"}\n{"country": "Italy", "city": "Rome"}\n')
+    benchmark = Benchmark(
+        name="Capitals",
+        path="me/capitals",
+        columns={"answer": "city"},
+        prompt_template="Capital of {country}?",
+        checker=lambda completions, examples: [c == e["answer"] for c, e in zip(completions, examples)],
+    )
+    register_benchmark("capitals-test", benchmark)
+    try:
+        model = ScriptedModel(tokenizer, {"France": "Paris", "Italy": "Milan"})
+        result = evaluate_model(model, tokenizer, "capitals-test", data_files=path, progress=False)
+    finally:
+        BENCHMARKS.pop("capitalstest")
+    assert result.benchmark == "Capitals"
+    assert [r.correct for r in result.records] == [True, False] and result.metrics["accuracy"] == 0.5
+    assert "Capital of France?" in result.records[0].prompt
+
+
+def test_argument_errors_and_greedy_sampling_warning(tokenizer, benchmark_files, caplog):
+    model = ScriptedModel(tokenizer, GSM8K_SCRIPTS)
+    files = benchmark_files["gsm8k"]
+    with pytest.raises(ValueError, match=r"1 <= k <= num_samples=2, got k=\[3\]"):
+        evaluate_model(model, tokenizer, "gsm8k", data_files=files, num_samples=2, pass_k=(3,))
+    with pytest.raises(ValueError, match="seeds must hold"):
+        evaluate_model(model, tokenizer, "gsm8k", data_files=files, seeds=[])
+    with caplog.at_level(logging.WARNING, logger="t3d_trl.evaluation.runner"):
+        result = evaluate_model(model, tokenizer, "gsm8k", data_files=files, num_samples=2, progress=False)
+    assert "all samples are identical" in caplog.text
+    assert result.metrics["pass@2"] == 0.5
+
+
+def test_real_tiny_model_matches_direct_generation(tokenizer, benchmark_files):
+    model = build_block_causal_model(tokenizer, max_position_embeddings=1024)
+    config = DiffusionGenerationConfig(max_new_tokens=8, block_length=4, tokens_per_step=2)
+    result = evaluate_model(
+        model, tokenizer, "gsm8k", config, data_files=benchmark_files["gsm8k"], batch_size=1, progress=False
+    )
+    eos = tokenizer.eos_token_id
+    for record in result.records:
+        ids = tokenizer(record.prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
+        out = model.diffusion_generate(ids, generation_config=config, return_dict_in_generate=True)
+        generated = out.sequences[0, ids.shape[1] :].tolist()
+        cut = generated.index(eos) if eos in generated else len(generated)
+        assert record.completion == tokenizer.decode(generated[:cut], skip_special_tokens=True)
+        assert record.num_tokens == min(cut + 1, 8) and record.finished == (eos in generated)
+        # Block-causal blocks are aligned to position 0: the prompt tail shares the first one.
+        blocks = -(-(ids.shape[1] % 4 + 8) // 4)
+        assert record.nfe == int(out.nfe[0]) <= 2 * blocks
+
+
+def test_grid_settings():
+    settings = grid_settings([4, 8], [2, 8], [0.9])
+    assert [s.label for s in settings] == [
+        "block4-tokps2",
+        "block4-threshold0.9",
+        "block8-tokps2",
+        "block8-tokps8",
+        "block8-threshold0.9",
+    ]
+    assert settings[1].overrides() == {"block_length": 4, "tokens_per_step": 1, "threshold": 0.9}
+    assert DecodingSetting(4, 2).overrides()["threshold"] is None
+    with pytest.raises(ValueError, match="grid is empty"):
+        grid_settings([4], [8])
+    with pytest.raises(ValueError, match=r"thresholds must be in \(0, 1\], got 1.5"):
+        grid_settings([4], [], [1.5])
+
+
+def test_run_grid_with_scripted_models(tokenizer, benchmark_files, tmp_path):
+    math_right = {"2+2": "\\boxed{4}", "frac": "\\boxed{0.5}"}
+    models = {
+        "original": (
+            ScriptedModel(tokenizer, {**GSM8K_SCRIPTS, "2+2": "\\boxed{4}", "frac": "\\boxed{1}"}),
+            tokenizer,
+        ),
+        "distilled": ScriptedModel(
+            tokenizer, {"Tom has": "\\boxed{4}", "A box holds": "\\boxed{12}", **math_right}
+        ),
+    }
+    grid = run_grid(
+        models,
+        ["gsm8k", "MATH-500"],
+        block_lengths=[4, 8],
+        tokens_per_step=[2, 4],
+        thresholds=[0.9],
+        tokenizer=tokenizer,
+        data_files=benchmark_files_by_name(benchmark_files),
+        output_dir=tmp_path,
+        generation_kwargs={"max_new_tokens": 40},
+        progress=False,
+    )
+    labels = [
+        "block4-tokps2",
+        "block4-tokps4",
+        "block4-threshold0.9",
+        "block8-tokps2",
+        "block8-tokps4",
+        "block8-threshold0.9",
+    ]
+    assert len(grid.results) == 2 * 2 * len(labels)
+    for name, model in (("original", models["original"][0]), ("distilled", models["distilled"])):
+        seen = {(c.block_length, c.tokens_per_step, c.threshold, c.max_new_tokens) for c in model.configs}
+        assert {
+            (b, t, th, 40)
+            for b, t, th in [(4, 2, None), (4, 4, None), (4, 1, 0.9), (8, 2, None), (8, 4, None), (8, 1, 0.9)]
+        } <= seen
+        for label in labels:
+            assert grid.metric(name, "GSM8K", label) == (0.5 if name == "original" else 1.0)
+            assert grid.metric(name, "MATH500", label) == (0.5 if name == "original" else 1.0)
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved == json.loads(json.dumps(grid.to_dict()))
+    assert saved["settings"]["benchmarks"] == ["GSM8K", "MATH500"]
+    entry = saved["results"][0]
+    assert entry["generation_config"]["block_length"] == entry["setting"]["block_length"]
+    samples = [json.loads(line) for line in (tmp_path / entry["samples_file"]).read_text().splitlines()]
+    assert [s["completion"] for s in samples] == list(GSM8K_SCRIPTS.values())
+    assert (tmp_path / "table.md").is_file() and (tmp_path / "accuracy_vs_throughput.png").is_file()
+    with pytest.raises(KeyError, match="no result for model='nope'"):
+        grid.metric("nope", "GSM8K", "block4-tokps2")
+
+
+def benchmark_files_by_name(files):
+    return {"gsm8k": files["gsm8k"], "math500": files["math500"]}
