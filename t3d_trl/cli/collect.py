@@ -1,0 +1,162 @@
+"""``t3d-trl collect --config recipe.yaml``: decode a dataset with a teacher and save its trajectories.
+
+Recipe keys are the fields of :class:`CollectConfig` (the teacher, the source dataset and its columns, the
+prompt, every :class:`~t3d_trl.DiffusionGenerationConfig` decoding setting, batching, output and Hub
+options); flags override the recipe. The work is done by :func:`t3d_trl.collect_trajectories`; rerunning
+the same command resumes an interrupted collection. Run it under ``accelerate launch`` to split the prompts
+over several GPUs or processes.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import datasets
+import torch
+
+from ..data.hub import push_trajectories_to_hub
+from ..data.trajectories import _process_group, collect_trajectories
+from ..generation.configuration import DiffusionGenerationConfig
+from .parsing import parse_recipe
+
+_FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
+
+
+@dataclass
+class CollectConfig(DiffusionGenerationConfig):
+    """Settings of ``t3d-trl collect``: the decoding settings of :class:`DiffusionGenerationConfig` plus these.
+
+    Args:
+        model_name_or_path: the teacher (Hub id or local folder), loaded with ``AutoModelForDiffusionLM``.
+        model_revision: Hub revision of the teacher.
+        tokenizer_name_or_path: defaults to the model's.
+        dtype: ``auto`` or a torch dtype name (``bfloat16``, ``float32``, ...).
+        dataset_name: a Hub dataset, a local ``.json``/``.jsonl``/``.parquet``/``.csv`` file, or a folder.
+        dataset_config: the Hub dataset's configuration (subset).
+        dataset_split: the split to decode.
+        limit: decode only the first ``limit`` rows.
+        prompt_template: ``math``, ``code``, ``plain`` or a ``str.format`` pattern over the columns.
+        prompt_column: the column that fills the template's ``{problem}``.
+        id_column: a column of unique ids (default: ``id`` if present, else the row index).
+        chat_column: a column of chat messages to use instead of the template.
+        use_chat_template: wrap prompts with the tokenizer's chat template.
+        keep_columns: source columns to pass through (default: all).
+        gold_column: keep only completions whose math answer matches this column.
+        filter_unfinished: drop completions without EOS.
+        max_prompt_length: drop prompts longer than this many tokens.
+        batch_size: prompts decoded together.
+        seed: collection seed.
+        output_dir: where shards and the final dataset go (rerun to resume).
+        push_to_hub: push the dataset and its card to ``hub_repo_id`` when done.
+        hub_repo_id: target dataset repo.
+        hub_private: create the repo private.
+    """
+
+    # The parser takes one type per flag: a single EOS id here (the model's config can list several).
+    eos_token_id: int | None = None
+    model_name_or_path: str | None = field(default=None, metadata={"help": "teacher model (Hub id or path)"})
+    model_revision: str | None = None
+    tokenizer_name_or_path: str | None = None
+    dtype: str = "auto"
+    dataset_name: str | None = field(default=None, metadata={"help": "Hub dataset, local file or folder"})
+    dataset_config: str | None = None
+    dataset_split: str = "train"
+    limit: int | None = None
+    prompt_template: str = "math"
+    prompt_column: str = "problem"
+    id_column: str | None = None
+    chat_column: str | None = None
+    use_chat_template: bool = True
+    keep_columns: list[str] | None = None
+    gold_column: str | None = None
+    filter_unfinished: bool = False
+    max_prompt_length: int | None = None
+    batch_size: int = 8
+    seed: int = 0
+    output_dir: str | None = field(
+        default=None, metadata={"help": "where shards and the dataset are written"}
+    )
+    push_to_hub: bool = False
+    hub_repo_id: str | None = None
+    hub_private: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        missing = [
+            name for name in ("model_name_or_path", "dataset_name", "output_dir") if not getattr(self, name)
+        ]
+        if missing:
+            raise ValueError(f"collect needs {', '.join(missing)} (in the recipe or as flags)")
+        if self.push_to_hub and not self.hub_repo_id:
+            raise ValueError("push_to_hub=True needs hub_repo_id")
+        if self.dtype != "auto" and not isinstance(getattr(torch, self.dtype, None), torch.dtype):
+            raise ValueError(
+                f"dtype must be 'auto' or a torch dtype name such as 'bfloat16', got {self.dtype!r}"
+            )
+
+    def generation_config(self) -> DiffusionGenerationConfig:
+        """The decoding settings alone."""
+        return DiffusionGenerationConfig(
+            **{f.name: getattr(self, f.name) for f in fields(DiffusionGenerationConfig)}
+        )
+
+
+def load_source_dataset(name: str, config: str | None = None, split: str = "train") -> datasets.Dataset:
+    """A Hub dataset (``datasets.load_dataset``), a local data file, or a local folder."""
+    path = Path(name)
+    if path.is_file():
+        builder = _FILE_BUILDERS.get("".join(path.suffixes[-1:]).lower())
+        if builder is None:
+            raise ValueError(f"unsupported data file {name!r}: use one of {sorted(_FILE_BUILDERS)}")
+        return datasets.load_dataset(builder, data_files={split: str(path)}, split=split)
+    if path.is_dir() and (path / "state.json").exists():
+        return datasets.load_from_disk(str(path))
+    return datasets.load_dataset(name, config, split=split)
+
+
+def run(config: CollectConfig) -> datasets.Dataset:
+    """Collect (and optionally push) the trajectories a :class:`CollectConfig` describes."""
+    source = load_source_dataset(config.dataset_name, config.dataset_config, config.dataset_split)
+    if config.limit is not None:
+        source = source.select(range(min(config.limit, len(source))))
+    model_kwargs: dict[str, Any] = {
+        "dtype": config.dtype if config.dtype == "auto" else getattr(torch, config.dtype)
+    }
+    dataset = collect_trajectories(
+        config.model_name_or_path,
+        config.tokenizer_name_or_path,
+        source,
+        config.prompt_template,
+        output_dir=config.output_dir,
+        generation_config=config.generation_config(),
+        batch_size=config.batch_size,
+        prompt_column=config.prompt_column,
+        id_column=config.id_column,
+        chat_column=config.chat_column,
+        use_chat_template=config.use_chat_template,
+        keep_columns=config.keep_columns,
+        max_prompt_length=config.max_prompt_length,
+        filter_unfinished=config.filter_unfinished,
+        gold_column=config.gold_column,
+        seed=config.seed,
+        teacher_revision=config.model_revision,
+        model_kwargs=model_kwargs,
+    )
+    rank, _, _ = _process_group()
+    if config.push_to_hub and rank == 0:
+        print(push_trajectories_to_hub(dataset, config.hub_repo_id, private=config.hub_private))
+    return dataset
+
+
+def main(argv: list[str]) -> int:
+    try:
+        (config,) = parse_recipe([CollectConfig], argv, prog="t3d-trl collect", description=__doc__)
+    except ValueError as err:
+        print(f"t3d-trl collect: {err}", file=sys.stderr)
+        return 2
+    dataset = run(config)
+    print(f"{len(dataset)} trajectories saved to {config.output_dir}")
+    return 0

@@ -1,0 +1,95 @@
+"""``t3d-trl collect``: recipe parsing and a tiny collection from a local jsonl file (offline)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import yaml
+
+from t3d_trl import TrajectoryMetadata, load_trajectories
+from t3d_trl.cli.collect import CollectConfig, load_source_dataset
+from t3d_trl.cli.main import main
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def recipe(tmp_path, tokenizer, block_causal_model):
+    teacher = tmp_path / "teacher"
+    block_causal_model.save_pretrained(teacher)
+    tokenizer.save_pretrained(teacher)
+    data = tmp_path / "problems.jsonl"
+    rows = [
+        {"uid": f"q{i}", "question": q, "gold": str(i)}
+        for i, q in enumerate(["1+1", "2*3 = ?", "7-4", "9/3"])
+    ]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    values = {
+        "model_name_or_path": str(teacher),
+        "dataset_name": str(data),
+        "prompt_template": "math",
+        "prompt_column": "question",
+        "id_column": "uid",
+        "max_new_tokens": 8,
+        "tokens_per_step": 2,
+        "batch_size": 4,
+        "limit": 3,
+        "output_dir": str(tmp_path / "out"),
+    }
+    path = tmp_path / "collect.yaml"
+    path.write_text(yaml.safe_dump(values))
+    return path, values
+
+
+def test_collect_runs_a_recipe_and_flags_override(recipe, tokenizer, capsys):
+    path, values = recipe
+    assert main(["collect", "--config", str(path), "--batch_size", "2"]) == 0
+    assert "3 trajectories saved" in capsys.readouterr().out
+
+    dataset = load_trajectories(values["output_dir"])
+    metadata = TrajectoryMetadata.from_dataset(dataset)
+    assert dataset["id"] == ["q0", "q1", "q2"]  # limit=3, source order
+    assert dataset.column_names[-2:] == ["question", "gold"]
+    assert "Please reason step by step" in dataset[0]["prompt"]
+    assert metadata.teacher == values["model_name_or_path"] and metadata.prompt_template == "math"
+    # block-causal model: block length from the model (4), tokens_per_step=2 -> 2 steps per block
+    assert (metadata.attention, metadata.block_length, metadata.steps_per_block) == ("block_causal", 4, 2)
+    manifest = json.loads((path.parent / "out" / "collection.json").read_text())
+    assert manifest["collection"]["batch_size"] == 2  # the flag beat the recipe's 4
+
+
+def test_unknown_recipe_key_fails(recipe, capsys):
+    path, values = recipe
+    path.write_text(yaml.safe_dump({**values, "max_new_token": 8}))
+    assert main(["collect", "--config", str(path)]) == 2
+    assert "max_new_token" in capsys.readouterr().err
+
+
+def test_config_requires_model_dataset_output():
+    with pytest.raises(ValueError, match="model_name_or_path, dataset_name, output_dir"):
+        CollectConfig()
+    with pytest.raises(ValueError, match="dtype"):
+        CollectConfig(model_name_or_path="m", dataset_name="d", output_dir="o", dtype="bfloat17")
+    config = CollectConfig(
+        model_name_or_path="m", dataset_name="d", output_dir="o", max_new_tokens=16, block_length=4, steps=8
+    )
+    generation = config.generation_config()
+    assert type(generation).__name__ == "DiffusionGenerationConfig" and generation.resolve(None) == (4, 2)
+
+
+def test_load_source_dataset_local_files(tmp_path):
+    rows = [{"problem": "a", "answer": "1"}, {"problem": "b", "answer": "2"}]
+    jsonl = tmp_path / "d.jsonl"
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert load_source_dataset(str(jsonl), split="test").to_list() == rows
+    with pytest.raises(ValueError, match="unsupported data file"):
+        (tmp_path / "d.txt").write_text("x")
+        load_source_dataset(str(tmp_path / "d.txt"))

@@ -1,0 +1,484 @@
+"""Trajectory collection, the dataset contract, resume, multi-process collection and the Hub card (offline)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections import Counter
+from pathlib import Path
+
+import datasets
+import pyarrow.parquet as pq
+import pytest
+import torch
+from conftest import build_bidirectional_model, build_block_causal_model, build_tokenizer
+
+from t3d_trl import DiffusionGenerationConfig, TrajectoryMetadata, collect_trajectories, load_trajectories
+from t3d_trl.data.hub import trajectory_card
+from t3d_trl.data.prompts import render_prompt
+from t3d_trl.data.schema import METADATA_KEY, TRAJECTORY_COLUMNS
+from t3d_trl.data.trajectories import PromptRow, batch_seed, build_prompts, cut_at_eos, plan_batches
+from t3d_trl.generation.remasking import propose_tokens, select_static
+from t3d_trl.models.forward import diffusion_forward
+from t3d_trl.models.masks import block_attention_mask, padding_attention_mask
+
+PROBLEMS = [
+    "1+1",
+    "what is 2*3?",
+    "compute 7-4 please",
+    "9/3",
+    "sum of the numbers 1 to 10",
+    "largest prime below 20",
+    "x",
+    "2^5 = ?",
+]
+ROWS = [{"problem": p, "answer": str(i), "level": i % 3} for i, p in enumerate(PROBLEMS)]
+GREEDY = dict(max_new_tokens=8, block_length=4, steps=8)  # 4 steps per block, 1 token per step
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    # Tiny models run much faster on one thread, above all on a busy machine.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def collect(model, tokenizer, output_dir, rows=ROWS, **kwargs):
+    kwargs.setdefault("generation_config", DiffusionGenerationConfig(**GREEDY))
+    kwargs.setdefault("batch_size", 3)
+    return collect_trajectories(model, tokenizer, rows, "plain", output_dir=output_dir, **kwargs)
+
+
+def test_round_trip_through_save_to_disk(tmp_path, tokenizer, bidirectional_model):
+    dataset = collect(bidirectional_model, tokenizer, tmp_path / "run")
+    metadata = TrajectoryMetadata.from_dataset(dataset)
+    assert metadata.block_length == 4 and metadata.steps_per_block == 4 and metadata.max_new_tokens == 8
+    assert metadata.mask_token_id == tokenizer.mask_token_id and metadata.attention == "bidirectional"
+    assert (
+        metadata.eos_token_ids == [tokenizer.eos_token_id]
+        and metadata.vocab_size == bidirectional_model.config.vocab_size
+    )
+    assert metadata.prompt_template == "plain" and metadata.use_chat_template and not metadata.dynamic
+
+    assert dataset["id"] == [str(i) for i in range(len(ROWS))]  # source order, whatever the batching
+    for row, source in zip(dataset, ROWS):
+        assert row["prompt"] == render_prompt(tokenizer, source["problem"])
+        assert row["prompt_ids"] == tokenizer(row["prompt"], add_special_tokens=False)["input_ids"]
+        assert (row["problem"], row["answer"], row["level"]) == (
+            source["problem"],
+            source["answer"],
+            source["level"],
+        )
+        assert row["completion"] == tokenizer.decode(row["completion_ids"], skip_special_tokens=True)
+        assert len(row["completion_ids"]) == len(row["decode_step"])
+
+    copy = tmp_path / "copy"
+    dataset.filter(lambda row: True).save_to_disk(str(copy))  # plain datasets calls keep the metadata
+    for path in (tmp_path / "run", copy):
+        loaded = load_trajectories(str(path))
+        assert TrajectoryMetadata.from_dataset(loaded) == metadata
+        assert loaded.to_list() == dataset.to_list()
+
+
+def test_card_renders_metadata_and_loads_back(tmp_path, tokenizer, bidirectional_model):
+    dataset = collect(bidirectional_model, tokenizer, tmp_path / "run")
+    metadata = TrajectoryMetadata.from_dataset(dataset)
+    base = trajectory_card(metadata, "me/traj")
+    base.data.dataset_info = {"features": [{"name": "id", "dtype": "string"}]}  # what `datasets` writes
+    with_base = trajectory_card(metadata, "me/traj", base=base)
+    assert with_base.data.to_dict()["dataset_info"] == base.data.dataset_info  # existing YAML entries survive
+    card = trajectory_card(metadata, "me/traj", num_rows=len(dataset), extra_columns=["answer"])
+
+    assert card.data.to_dict()[METADATA_KEY] == metadata.to_dict()
+    assert "t3d-trl" in card.data.tags
+    text = card.text
+    assert f"{len(dataset)} trajectories" in text and 'load_trajectories("me/traj")' in text
+    for key, value in metadata.to_dict().items():
+        assert f"| `{key}` | `{value!r}` |" in text
+    for column in (*TRAJECTORY_COLUMNS, "answer"):
+        assert f"| `{column}` |" in text
+
+    # A Hub snapshot: parquet data plus the card, without metadata in the data files' info.
+    snapshot = tmp_path / "snapshot"
+    (snapshot / "data").mkdir(parents=True)
+    datasets.Dataset.from_list(dataset.to_list()).to_parquet(
+        str(snapshot / "data" / "train-00000-of-00001.parquet")
+    )
+    card.save(snapshot / "README.md")
+    loaded = load_trajectories(str(snapshot))
+    assert TrajectoryMetadata.from_dataset(loaded) == metadata
+    assert loaded.to_list() == dataset.to_list()
+
+
+def test_loading_without_metadata_fails(tmp_path):
+    datasets.Dataset.from_list([{"id": "a"}]).save_to_disk(str(tmp_path))
+    with pytest.raises(ValueError, match="no trajectory metadata"):
+        load_trajectories(str(tmp_path))
+
+
+# --- faithfulness: the teacher's intermediate states rebuilt from decode_step ------------------------------
+
+
+def teacher_step(model, metadata, prompt_ids, completion_ids, decode_step, step):
+    """Re-run the teacher's static step ``step`` from the state rebuilt from the record (one row, no padding).
+
+    The canvas is laid out as the sampler documents: ``[prompt | max_new_tokens masks]``; bidirectional blocks
+    start at the prompt end, block-causal blocks are aligned to position 0. Returns the set of completion
+    positions the teacher commits and the tokens it commits there.
+    """
+    mask_id, block_length = metadata.mask_token_id, metadata.block_length
+    n_prompt, n_gen = len(prompt_ids), metadata.max_new_tokens
+    state = [t if s < step else mask_id for t, s in zip(completion_ids, decode_step)]
+    state += [mask_id] * (n_gen - len(state))  # positions after the completion were still masked
+    block = metadata.completion_blocks(n_prompt, len(completion_ids))[decode_step.index(step)]
+    canvas = prompt_ids + state
+    if metadata.attention == "bidirectional":
+        start = n_prompt + block * block_length
+        tokens = torch.tensor([canvas])
+        valid = torch.ones_like(tokens, dtype=torch.bool)
+        mask = padding_attention_mask(valid, tokens.shape[1], torch.float32)
+    else:
+        # Run the canvas up to the end of the current block; the last block may reach past the completion.
+        start = (n_prompt // block_length + block) * block_length
+        end = start + block_length
+        tokens = torch.tensor([(canvas + [0] * block_length)[:end]])
+        valid = (torch.arange(end) < len(canvas)).unsqueeze(0)
+        ids = torch.arange(end).unsqueeze(0) // block_length
+        mask = block_attention_mask(ids, ids, valid, torch.float32)
+    keep = torch.arange(start, start + block_length)
+    positions = torch.arange(tokens.shape[1]).unsqueeze(0) * valid
+    logits, _ = diffusion_forward(model, model.diffusion_config, tokens, mask, positions, keep=keep)
+    x0, score = propose_tokens(logits, 0.0, metadata.remasking)
+    masked = (tokens[:, keep] == mask_id) & (keep >= n_prompt).unsqueeze(0)
+    commit = select_static(score, masked, torch.tensor([decode_step.count(step)]))[0]
+    positions = [int(start + i - n_prompt) for i in commit.nonzero().flatten()]
+    return set(positions), {p: int(x0[0, p + n_prompt - start]) for p in positions}
+
+
+@pytest.mark.parametrize("build", [build_bidirectional_model, build_block_causal_model])
+def test_trajectory_is_faithful(tmp_path, tokenizer, build):
+    model = build(tokenizer)
+    config = DiffusionGenerationConfig(max_new_tokens=12, block_length=4, steps=12)
+    dataset = collect(model, tokenizer, tmp_path, generation_config=config)
+    metadata = TrajectoryMetadata.from_dataset(dataset)
+    if metadata.attention == "block_causal":
+        assert {len(p) % 4 for p in dataset["prompt_ids"]} != {0}  # some prompt tails share a block
+    checked = 0
+    for row in dataset:
+        steps, tokens, n_prompt = row["decode_step"], row["completion_ids"], len(row["prompt_ids"])
+        blocks = metadata.completion_blocks(n_prompt, len(tokens))
+        # Tokens after EOS are not recorded, so the block holding EOS is checked only when EOS ends it.
+        eos_ends_block = (metadata.block_offset(n_prompt) + len(tokens)) % metadata.block_length == 0
+        last = blocks[-1] if not row["finished"] or eos_ends_block else blocks[-1] - 1
+        for step in sorted({s for s, b in zip(steps, blocks) if b <= last}):
+            positions, committed = teacher_step(model, metadata, row["prompt_ids"], tokens, steps, step)
+            assert positions == {i for i, s in enumerate(steps) if s == step}, (row["id"], step)
+            assert committed == {i: tokens[i] for i in positions}, (row["id"], step)
+            checked += 1
+    assert checked >= len(ROWS) * 8
+
+
+def test_dynamic_collection_is_recorded_and_valid(tmp_path, tokenizer, block_causal_model):
+    config = DiffusionGenerationConfig(max_new_tokens=8, threshold=0.001)
+    dataset = collect(block_causal_model, tokenizer, tmp_path, generation_config=config)
+    metadata = TrajectoryMetadata.from_dataset(dataset)
+    assert (
+        metadata.dynamic and metadata.threshold == 0.001 and metadata.block_length == 4
+    )  # the model's block
+    assert len(load_trajectories(str(tmp_path))) == len(ROWS)
+    # Every probability clears so low a threshold: a step commits several tokens at once.
+    assert any(len(set(steps)) < len(steps) for steps in dataset["decode_step"])
+
+
+# --- resume and scale-out ----------------------------------------------------------------------------------
+
+SAMPLED = dict(max_new_tokens=8, block_length=4, steps=8, temperature=1.0)
+
+
+class Crash(RuntimeError):
+    pass
+
+
+def test_resume_after_crash_gives_the_uninterrupted_rows(tmp_path, tokenizer, monkeypatch):
+    config = DiffusionGenerationConfig(**SAMPLED)  # sampling: the per-batch seeding must make reruns agree
+    reference = collect(
+        build_bidirectional_model(tokenizer), tokenizer, tmp_path / "ref", generation_config=config, seed=7
+    )
+
+    model = build_bidirectional_model(tokenizer)
+    real = type(model).diffusion_generate
+    calls = []
+
+    def crash_on_third_batch(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise Crash("killed")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(model), "diffusion_generate", crash_on_third_batch)
+    with pytest.raises(Crash):
+        collect(model, tokenizer, tmp_path / "run", generation_config=config, seed=7)
+    shards = sorted((tmp_path / "run" / "shards").glob("*.parquet"))
+    assert len(shards) == 2 and not list((tmp_path / "run" / "shards").glob(".*"))
+    with pytest.raises(ValueError, match="unfinished collection"):
+        load_trajectories(str(tmp_path / "run"))
+
+    calls.clear()
+    resumed = collect(model, tokenizer, tmp_path / "run", generation_config=config, seed=7)
+    assert len(calls) == 1  # only the lost batch was decoded again
+    assert resumed.to_list() == reference.to_list()
+    monkeypatch.undo()
+    assert (
+        resumed.to_list()
+        != collect(model, tokenizer, tmp_path / "seed8", generation_config=config, seed=8).to_list()
+    )
+
+
+def test_resume_refuses_other_settings(tmp_path, tokenizer, bidirectional_model):
+    collect(bidirectional_model, tokenizer, tmp_path, rows=ROWS[:3])
+    other = DiffusionGenerationConfig(**{**GREEDY, "temperature": 0.5})
+    with pytest.raises(
+        ValueError, match=r"(?s)batch_size: 3 \(saved\) != 2 \(now\).*temperature: 0\.0 \(saved\) != 0\.5"
+    ):
+        collect(
+            bidirectional_model, tokenizer, tmp_path, rows=ROWS[:3], batch_size=2, generation_config=other
+        )
+    with pytest.raises(ValueError, match="num_prompts: 3 \\(saved\\) != 4"):
+        collect(bidirectional_model, tokenizer, tmp_path, rows=ROWS[:4])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _collect_worker(rank: int, world_size: int, port: int, output_dir: str) -> None:
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        OMP_NUM_THREADS="1",
+    )
+    torch.set_num_threads(1)
+    tokenizer = build_tokenizer()
+    dataset = collect(
+        build_bidirectional_model(tokenizer),
+        tokenizer,
+        output_dir,
+        generation_config=DiffusionGenerationConfig(**SAMPLED),
+        seed=7,
+    )
+    assert torch.distributed.get_world_size() == world_size
+    assert len(dataset) == len(ROWS)  # every process gets the merged dataset
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.skipif("fork" not in torch.multiprocessing.get_all_start_methods(), reason="needs fork")
+def test_two_processes_equal_one(tmp_path, tokenizer):
+    # Two real processes joined by a gloo process group; forked, so they reuse this process's imports.
+    torch.multiprocessing.start_processes(
+        _collect_worker, args=(2, _free_port(), str(tmp_path / "two")), nprocs=2, start_method="fork"
+    )
+    # Each process wrote its own batches (0 and 2 by rank 0, 1 by rank 1).
+    assert len(list((tmp_path / "two" / "shards").glob("*.parquet"))) == 3
+    two = load_trajectories(str(tmp_path / "two"))
+    one = collect(
+        build_bidirectional_model(tokenizer),
+        tokenizer,
+        tmp_path / "one",
+        generation_config=DiffusionGenerationConfig(**SAMPLED),
+        seed=7,
+    )
+    assert sorted(two.to_list(), key=lambda r: r["id"]) == sorted(one.to_list(), key=lambda r: r["id"])
+    assert TrajectoryMetadata.from_dataset(two) == TrajectoryMetadata.from_dataset(one)
+
+
+# --- filters -----------------------------------------------------------------------------------------------
+
+
+def test_filters(tmp_path, tokenizer, bidirectional_model, monkeypatch):
+    # Take as EOS a token that some, not all, completions hold, so both finished and unfinished ones occur.
+    plain = collect(
+        bidirectional_model,
+        tokenizer,
+        tmp_path / "plain",
+        generation_config=DiffusionGenerationConfig(**SAMPLED),
+    )
+    holders = Counter(token for ids in plain["completion_ids"] for token in set(ids))
+    eos = next(token for token, count in holders.most_common() if count < len(plain))
+    config = DiffusionGenerationConfig(**SAMPLED, eos_token_id=eos)
+    full = collect(bidirectional_model, tokenizer, tmp_path, generation_config=config)
+    finished = [r["id"] for r in full if r["finished"]]
+    assert 0 < len(finished) < len(full)
+    only_finished = collect(
+        bidirectional_model, tokenizer, tmp_path, generation_config=config, filter_unfinished=True
+    )
+    assert only_finished["id"] == finished  # filters apply when merging: a rerun re-filters the same shards
+
+    import t3d_trl.evaluation.math_checker as math_checker
+
+    seen = []
+    monkeypatch.setattr(
+        math_checker, "check_math", lambda completion, gold: seen.append(gold) or gold in ("1", "4")
+    )
+    kept = collect(
+        bidirectional_model,
+        tokenizer,
+        tmp_path / "gold",
+        generation_config=config,
+        gold_column="answer",
+        keep_columns=["level"],
+    )
+    assert kept["id"] == [r["id"] for r in full if r["answer"] in ("1", "4")] and len(kept) > 0
+    assert kept.column_names[-2:] == ["level", "answer"]  # the gold column is passed through
+    assert sorted(seen) == sorted(full["answer"])  # every collected completion was checked once
+
+
+# --- prompts, batching, small helpers ----------------------------------------------------------------------
+
+
+def test_build_prompts(tokenizer):
+    rows = datasets.Dataset.from_list(
+        [
+            {"question": "2+2", "uid": 10, "chat": [{"role": "user", "content": "hi"}], "prompt": "old"},
+            {
+                "question": "a longer one",
+                "uid": 11,
+                "chat": [{"role": "user", "content": "hello"}],
+                "prompt": "x",
+            },
+        ]
+    )
+    prompts = build_prompts(
+        rows, tokenizer, "Q: {problem}", prompt_column="question", id_column="uid", use_chat_template=False
+    )
+    assert [p.prompt for p in prompts] == ["Q: 2+2", "Q: a longer one"]
+    assert [p.id for p in prompts] == ["10", "11"]
+    assert list(prompts[0].extra) == ["question", "uid", "chat"]  # "prompt" is a trajectory column
+    short = len(tokenizer(render_prompt(tokenizer, "hi"), add_special_tokens=False)["input_ids"])
+    chat = build_prompts(rows, tokenizer, chat_column="chat", keep_columns=["uid"], max_prompt_length=short)
+    assert [p.prompt for p in chat] == [render_prompt(tokenizer, "hi")] and chat[0].extra == {"uid": 10}
+    with pytest.raises(ValueError, match="trajectory columns"):
+        build_prompts(rows, tokenizer, "{question}", keep_columns=["prompt"])
+    with pytest.raises(ValueError, match="appears twice"):
+        build_prompts(
+            datasets.Dataset.from_list([{"problem": "a", "id": 1}, {"problem": "b", "id": 1}]), tokenizer
+        )
+    with pytest.raises(KeyError, match="prompt_column 'problem'"):
+        build_prompts(rows, tokenizer)
+
+
+def test_plan_batches_and_seeds():
+    prompts = [PromptRow(i, str(i), "", [0] * n, {}) for i, n in enumerate([3, 5, 3, 9, 1])]
+    batches = plan_batches(prompts, 2)
+    assert [[p.id for p in b] for b in batches] == [["3", "1"], ["0", "2"], ["4"]]
+    assert batch_seed(0, ["a", "b"]) == batch_seed(0, ["a", "b"]) != batch_seed(1, ["a", "b"])
+    assert batch_seed(0, ["a", "b"]) != batch_seed(0, ["b", "a"])
+    with pytest.raises(ValueError, match="batch_size"):
+        plan_batches(prompts, 0)
+
+
+def test_cut_at_eos():
+    assert cut_at_eos([5, 6, 2, 0], [2, 1, 3, 0], [2]) == ([5, 6, 2], [2, 1, 3], True)
+    assert cut_at_eos([5, 6, 7], [2, 1, 3], [2]) == ([5, 6, 7], [2, 1, 3], False)
+
+
+# --- validation --------------------------------------------------------------------------------------------
+
+
+def _metadata(**overrides):
+    values = dict(
+        teacher="t",
+        mask_token_id=3,
+        attention="bidirectional",
+        block_length=4,
+        steps_per_block=2,
+        max_new_tokens=8,
+        vocab_size=100,
+        eos_token_ids=[2],
+    )
+    return TrajectoryMetadata(**{**values, **overrides})
+
+
+def _row(**overrides):
+    row = dict(
+        id="r1",
+        prompt="p",
+        prompt_ids=[1, 7, 8],
+        completion_ids=[10, 11, 12, 13, 14, 2],
+        decode_step=[2, 1, 1, 2, 3, 4],
+        finished=True,
+        completion="x",
+    )
+    return {**row, **overrides}
+
+
+def _save(tmp_path, rows, metadata):
+    path = tmp_path / "data"
+    metadata.attach(datasets.Dataset.from_list(rows)).save_to_disk(str(path))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (dict(decode_step=[2, 1, 1, 2, 3]), "completion_ids has 6 tokens but decode_step has 5 entries"),
+        (
+            dict(decode_step=[2, 1, 1, 3, 3, 4]),
+            r"decode_step\[3\]=3 is outside \[1, 2\], the steps of block 0",
+        ),
+        (dict(decode_step=[2, 1, 1, 2, 3, 0]), r"decode_step\[5\]=0 is outside \[3, 4\]"),
+        (dict(completion_ids=[10, 11, 120, 13, 14, 2]), "token id 120, outside the vocabulary of size 100"),
+        (dict(completion_ids=[10, 3, 12, 13, 14, 2]), "mask token"),
+        (dict(finished=False), "finished=False but the completion ends with EOS"),
+        (dict(completion_ids=[10, 2, 12, 13, 14, 2]), "EOS at position 1 before the end"),
+        (dict(completion_ids=None), "column 'completion_ids' is empty"),
+    ],
+)
+def test_corrupt_rows_are_refused(tmp_path, overrides, message):
+    path = _save(tmp_path, [_row(id="good"), _row(**overrides)], _metadata())
+    with pytest.raises(ValueError, match=rf"row id='r1' \(row 1\): .*{message}"):
+        load_trajectories(path)
+
+
+def test_missing_column_is_refused(tmp_path):
+    rows = [{k: v for k, v in _row().items() if k != "decode_step"}]
+    with pytest.raises(ValueError, match=r"lacks column\(s\) \['decode_step'\]"):
+        load_trajectories(_save(tmp_path, rows, _metadata()))
+
+
+def test_skip_invalid_drops_and_counts(tmp_path, caplog):
+    rows = [_row(id="a"), _row(id="b", decode_step=[9] * 6), _row(id="c"), _row(id="d", completion_ids=[1])]
+    with caplog.at_level(logging.WARNING):
+        loaded = load_trajectories(_save(tmp_path, rows, _metadata()), skip_invalid=True)
+    assert loaded["id"] == ["a", "c"]
+    assert "skipped 2 invalid trajectory rows of 4" in caplog.text and "id='b'" in caplog.text
+
+
+def test_block_causal_and_dynamic_step_rules(tmp_path):
+    # Block-causal: a 3-token prompt puts its tail in the first block, so completion token 1 starts block 1.
+    causal = _metadata(attention="block_causal")
+    good = _row(decode_step=[1, 3, 3, 4, 4, 6])
+    assert load_trajectories(_save(tmp_path / "a", [good], causal))["id"] == ["r1"]
+    with pytest.raises(ValueError, match=r"decode_step\[1\]=2 is outside \[3, 4\]"):
+        load_trajectories(_save(tmp_path / "b", [_row(decode_step=[1, 2, 3, 4, 4, 6])], causal))
+    # Dynamic decoding: per-row step counts, only their order across blocks is checked.
+    dynamic = _metadata(threshold=0.9)
+    assert load_trajectories(_save(tmp_path / "c", [_row(decode_step=[1, 1, 1, 1, 2, 2])], dynamic))[
+        "id"
+    ] == ["r1"]
+    with pytest.raises(ValueError, match="block 1 does not come after block 0"):
+        load_trajectories(_save(tmp_path / "d", [_row(decode_step=[1, 1, 3, 3, 2, 4])], dynamic))
+
+
+def test_shards_are_parquet_with_the_schema(tmp_path, tokenizer, bidirectional_model):
+    collect(bidirectional_model, tokenizer, tmp_path, rows=ROWS[:2])
+    table = pq.read_table(next(Path(tmp_path, "shards").glob("*.parquet")))
+    assert table.column_names == [*TRAJECTORY_COLUMNS, "problem", "answer", "level"]
