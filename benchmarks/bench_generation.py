@@ -66,7 +66,8 @@ def llada_reference_generate(model, prompt, steps, gen_length, block_length, mas
         for i in range(steps_per_block):
             mask_index = x == mask_id
             logits = model(input_ids=x, attention_mask=attention, position_ids=positions).logits
-            x0 = logits.argmax(-1)
+            # A trained MDLM never predicts the mask token; a random one may, so both samplers exclude it.
+            x0 = logits.index_fill(-1, torch.tensor([mask_id]), float("-inf")).argmax(-1)
             probs = torch.softmax(logits.float(), dim=-1)
             confidence = probs.gather(-1, x0.unsqueeze(-1)).squeeze(-1)
             confidence[:, end:] = -float("inf")

@@ -34,8 +34,11 @@ def test_transfer_schedule_matches_llada_rule():
 
 
 @pytest.mark.parametrize("kind", list(BUILDERS))
-@pytest.mark.parametrize(("block_length", "tokens_per_step"), [(4, 1), (4, 2), (8, 4), (8, 8)])
-def test_static_schedule_commits_and_trajectory(tokenizer, kind, block_length, tokens_per_step):
+@pytest.mark.parametrize(
+    ("block_length", "tokens_per_step", "temperature"),
+    [(4, 1, 0.0), (4, 2, 0.0), (8, 4, 0.0), (8, 8, 0.0), (4, 1, 2.0)],
+)
+def test_static_schedule_commits_and_trajectory(tokenizer, kind, block_length, tokens_per_step, temperature):
     model = BUILDERS[kind](tokenizer)
     input_ids, attention_mask = _batch(tokenizer)
     max_new = 16
@@ -45,6 +48,8 @@ def test_static_schedule_commits_and_trajectory(tokenizer, kind, block_length, t
         max_new_tokens=max_new,
         block_length=block_length,
         tokens_per_step=tokens_per_step,
+        temperature=temperature,  # hot sampling: the mask token must still never be committed
+        generator=torch.Generator().manual_seed(0),
         stop_at_eos=False,
         return_dict_in_generate=True,
         output_history=True,

@@ -37,7 +37,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..generation.configuration import DiffusionGenerationConfig
-from ..generation.sampler import _eos_ids
+from ..generation.sampler import eos_token_ids
 from .prompts import format_user_message, render_prompt
 from .schema import TRAJECTORY_COLUMNS, TrajectoryMetadata, validate_trajectories
 
@@ -316,7 +316,7 @@ def _teacher_settings(
     block_length, steps_per_block = config.resolve(
         diffusion.block_size if diffusion.is_block_causal else None
     )
-    eos_ids = _eos_ids(model, config) or (
+    eos_ids = eos_token_ids(model, config) or (
         [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     )
     if not eos_ids:

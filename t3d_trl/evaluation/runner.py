@@ -39,7 +39,7 @@ from tqdm.auto import tqdm
 
 from ..data.prompts import render_prompt
 from ..generation.configuration import DiffusionGenerationConfig
-from ..generation.sampler import _eos_ids
+from ..generation.sampler import eos_token_ids
 from .benchmarks import Benchmark, get_benchmark
 from .metrics import mean_std, pass_at_k_from_records, summarize_records
 
@@ -161,7 +161,7 @@ def generate_completions(
         return_dict_in_generate=True, output_history=False
     )
     device = _device(model)
-    eos = torch.tensor(_eos_ids(model, config), dtype=torch.long, device=device)
+    eos = torch.tensor(eos_token_ids(model, config), dtype=torch.long, device=device)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else int(eos[0]) if len(eos) else 0
     prompts, ids = _encode(tokenizer, messages, use_chat_template)
     n = len(prompts)

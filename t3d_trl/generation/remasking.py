@@ -46,6 +46,7 @@ def propose_tokens(
     top_k: int | None = None,
     top_p: float | None = None,
     generator: torch.Generator | None = None,
+    mask_token_id: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick ``x0`` for every position and score it.
 
@@ -58,17 +59,22 @@ def propose_tokens(
 
     Args:
         logits: ``[B, L, V]`` logits of the current block.
+        mask_token_id: never proposed (committing a mask would leave the position masked); scores still use
+            the full distribution, so they equal the reference's whenever its choice is a real token.
 
     Returns:
         ``(x0, score)``, both ``[B, L]``.
     """
     logits = logits.float()
+    choice = logits
+    if mask_token_id is not None:
+        choice = logits.index_fill(-1, torch.tensor([mask_token_id], device=logits.device), float("-inf"))
     if temperature > 0:
         uniform = torch.rand(logits.shape, dtype=torch.float64, device=logits.device, generator=generator)
         gumbel = -torch.log(-torch.log(uniform.clamp_min(1e-300)))
-        x0 = (filter_logits(logits, top_k, top_p).double() / temperature + gumbel).argmax(-1)
+        x0 = (filter_logits(choice, top_k, top_p).double() / temperature + gumbel).argmax(-1)
     else:
-        x0 = logits.argmax(-1)
+        x0 = choice.argmax(-1)
     if remasking == "random":
         score = torch.rand(x0.shape, device=logits.device, generator=generator)
     elif remasking == "low_confidence":

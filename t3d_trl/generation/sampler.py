@@ -127,7 +127,8 @@ def _layout(
     return _Canvas(tokens, full_valid, position_ids, gen_index, blocks, prefix)
 
 
-def _eos_ids(model: torch.nn.Module, config: DiffusionGenerationConfig) -> list[int]:
+def eos_token_ids(model: torch.nn.Module, config: DiffusionGenerationConfig) -> list[int]:
+    """EOS ids of a generation: the config's, else the model's generation config or config."""
     eos = config.eos_token_id
     if eos is None:
         generation_config = getattr(model, "generation_config", None)
@@ -169,7 +170,7 @@ def diffusion_generate(
             f"prompt of {int(lengths.max())} tokens plus max_new_tokens={config.max_new_tokens} exceeds the "
             f"model's max_position_embeddings={max_positions}"
         )
-    eos_ids = _eos_ids(model, config)
+    eos_ids = eos_token_ids(model, config)
     pad_id = config.pad_token_id
     if pad_id is None:
         pad_id = eos_ids[0] if eos_ids else (getattr(model.config, "pad_token_id", None) or 0)
@@ -198,13 +199,14 @@ def diffusion_generate(
             masked = (block == mask_id) & active.unsqueeze(1)
             if not masked.any():
                 break
-            static_quota = quota[:, min(step, steps_per_block - 1)]
+            # Past the block's budget (only reachable through dynamic top-up) everything left is committed.
+            static_quota = quota[:, step] if step < steps_per_block else masked.sum(-1)
             if config.threshold is None and int(static_quota.max()) == 0:
                 step += 1  # nothing scheduled for any row at this step: skip the forward pass
                 continue
             logits = runner.block_logits(x, start, end)
             x0, score = propose_tokens(
-                logits, config.temperature, config.remasking, config.top_k, config.top_p, generator
+                logits, config.temperature, config.remasking, config.top_k, config.top_p, generator, mask_id
             )
             row_active = masked.any(-1)
             nfe += row_active.long()
