@@ -8,15 +8,20 @@ from typing import Any
 import torch
 from transformers import (
     AutoConfig,
+    AutoModel,
     AutoModelForCausalLM,
     AutoModelForMaskedLM,
     AutoTokenizer,
     PreTrainedModel,
 )
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from ..generation.configuration import DiffusionGenerationConfig
 from ..generation.mixin import DiffusionGenerationMixin
+from .convert import locate_weights
 from .diffusion_config import DiffusionConfig
+from .families import FAMILIES, ModelFamily, get_family
+from .families.base import CONFIG_FILE, GENERATION_CONFIG_FILE, read_json
 
 # Keyword arguments of ``from_pretrained`` that also apply to loading a config or a tokenizer.
 _HUB_KWARGS = ("revision", "token", "cache_dir", "local_files_only", "trust_remote_code", "subfolder")
@@ -25,7 +30,9 @@ _HUB_KWARGS = ("revision", "token", "cache_dir", "local_files_only", "trust_remo
 @cache
 def _with_mixin(cls: type) -> type:
     # Same name and module as the original class, so save_pretrained records the original architecture.
-    return type(cls.__name__, (DiffusionGenerationMixin, cls), {"__module__": cls.__module__})
+    # transformers decides `can_generate` from base-class names ("...GenerationMixin"): keep the original answer.
+    namespace = {"__module__": cls.__module__, "can_generate": classmethod(lambda _: cls.can_generate())}
+    return type(cls.__name__, (DiffusionGenerationMixin, cls), namespace)
 
 
 def _transformers_model(model: torch.nn.Module) -> PreTrainedModel:
@@ -87,6 +94,45 @@ def _infer_diffusion_config(name_or_path: str, config: Any, hub_kwargs: dict[str
     return DiffusionConfig(mask_token_id=int(mask_id), attention="bidirectional")
 
 
+def _family_defaults(
+    family: ModelFamily,
+    name_or_path: str,
+    raw: dict[str, Any],
+    config: Any,
+    hub_kwargs: dict[str, Any],
+    diffusion_config: DiffusionConfig | dict | None,
+    generation_config: DiffusionGenerationConfig | dict | None,
+) -> tuple[DiffusionConfig | dict, DiffusionGenerationConfig | dict]:
+    """The family's diffusion description and decoding defaults, unless given; resolved before any weight loads."""
+    tokenizer = None
+    if generation_config is None or (diffusion_config is None and raw.get("mask_token_id") is None):
+        tokenizer = family.load_tokenizer(name_or_path, config, hub_kwargs)
+    if diffusion_config is None:
+        diffusion_config = family.diffusion_config(raw, tokenizer)
+    if generation_config is None:
+        generation_json = read_json(name_or_path, GENERATION_CONFIG_FILE, hub_kwargs, required=False)
+        generation_config = family.generation_config(raw, tokenizer, generation_json)
+    return diffusion_config, generation_config
+
+
+def _load_remote(name_or_path: str, raw: dict[str, Any], hf_kwargs: dict[str, Any]) -> PreTrainedModel:
+    # Dream's published code registers AutoModel only, LLaDA and SDAR also AutoModelForCausalLM.
+    loader = AutoModelForCausalLM if "AutoModelForCausalLM" in (raw.get("auto_map") or {}) else AutoModel
+    return loader.from_pretrained(name_or_path, **hf_kwargs)
+
+
+def _check_model_type(name_or_path: str, raw: dict[str, Any], trust_remote_code: bool) -> None:
+    model_type = raw.get("model_type")
+    if model_type is None or model_type in CONFIG_MAPPING or (trust_remote_code and raw.get("auto_map")):
+        return
+    raise ValueError(
+        f"{name_or_path}: {CONFIG_FILE} has model_type {model_type!r}, which neither transformers nor t3d-trl "
+        f"supports. t3d-trl maps the published families {sorted(FAMILIES)} onto native classes; any model_type "
+        "transformers knows (llama, qwen2, qwen3, modernbert, ...) loads as it is; a checkpoint that ships its own "
+        "modeling code needs trust_remote_code=True."
+    )
+
+
 def _is_masked_lm(config: Any) -> bool:
     return any(arch.endswith("ForMaskedLM") for arch in (getattr(config, "architectures", None) or []))
 
@@ -110,18 +156,51 @@ class AutoModelForDiffusionLM:
         *,
         diffusion_config: DiffusionConfig | dict | None = None,
         generation_config: DiffusionGenerationConfig | dict | None = None,
+        use_remote_code: bool = False,
         **hf_kwargs: Any,
     ) -> PreTrainedModel:
         """Load a checkpoint (local folder or Hub repo id) and attach :class:`DiffusionGenerationMixin`.
 
+        Published LLaDA, SDAR and Dream checkpoints (``model_type`` ``llada``, ``sdar``, ``Dream``) load into
+        native ``LlamaForCausalLM``, ``Qwen3ForCausalLM`` and ``Qwen2ForCausalLM`` without remote code, with the
+        family's diffusion description and reference decoding defaults (see ``docs/families.md``).
+
         Args:
-            pretrained_model_name_or_path: anything ``transformers`` can load.
+            pretrained_model_name_or_path: anything ``transformers`` can load, or a published family checkpoint.
             diffusion_config: overrides the description stored in the checkpoint. Needed for decoders that
                 were never saved by t3d-trl; encoder MLMs default to bidirectional with the tokenizer's mask.
             generation_config: overrides the decoding defaults stored in the checkpoint.
+            use_remote_code: run a family checkpoint's own published modeling code instead of the native class
+                (needs ``trust_remote_code=True``). Fragile: that code targets older transformers releases.
             **hf_kwargs: passed to ``from_pretrained`` (``dtype``, ``revision``, ``device_map``, ...).
         """
         hub_kwargs = {k: hf_kwargs[k] for k in _HUB_KWARGS if k in hf_kwargs}
+        trust_remote_code = bool(hf_kwargs.get("trust_remote_code"))
+        if use_remote_code and not trust_remote_code:
+            raise ValueError(
+                "use_remote_code=True runs the checkpoint's own modeling code: pass trust_remote_code=True too"
+            )
+        raw = read_json(pretrained_model_name_or_path, CONFIG_FILE, hub_kwargs, required=False) or {}
+        family = get_family(raw.get("model_type"))
+        if family is not None:
+            native = family.native_config(raw)  # validates the published config before anything loads
+            diffusion_config, generation_config = _family_defaults(
+                family,
+                pretrained_model_name_or_path,
+                raw,
+                native,
+                hub_kwargs,
+                diffusion_config,
+                generation_config,
+            )
+            if use_remote_code:
+                model = _load_remote(pretrained_model_name_or_path, raw, hf_kwargs)
+            else:
+                # Names and shapes checked from the shard headers first, for errors naming file and tensor.
+                locate_weights(pretrained_model_name_or_path, family, native, hub_kwargs)
+                model = family.load_model(pretrained_model_name_or_path, native, **hf_kwargs)
+            return add_diffusion_generation(model, diffusion_config, generation_config)
+        _check_model_type(pretrained_model_name_or_path, raw, trust_remote_code)
         config = AutoConfig.from_pretrained(pretrained_model_name_or_path, **hub_kwargs)
         loader = AutoModelForMaskedLM if _is_masked_lm(config) else AutoModelForCausalLM
         model = loader.from_pretrained(pretrained_model_name_or_path, **hf_kwargs)
