@@ -1,0 +1,125 @@
+"""``t3d-trl train --config recipe.yaml``: distil a diffusion LM into a few-step student with T3D (or a baseline).
+
+Recipe keys are the fields of TRL's ``ModelConfig`` (``model_name_or_path``, ``dtype``, ``use_peft`` and the
+``lora_*`` options), of :class:`TrainDataConfig` (the dataset and ``accelerate_config``) and of
+:class:`~t3d_trl.T3DConfig` (the objective and every ``TrainingArguments`` setting); flags override the recipe.
+The run is the Python API's: :class:`~t3d_trl.T3DTrainer` on :func:`~t3d_trl.load_trajectories`' data.
+
+With ``--accelerate_config FILE`` the command starts itself again under ``accelerate launch --config_file FILE``
+(several GPUs, DeepSpeed, FSDP); launching it under ``accelerate launch`` or ``torchrun`` yourself works too.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from trl import ModelConfig
+
+from .parsing import parse_recipe
+
+_LAUNCHED = "T3D_TRL_LAUNCHED"  # set in the processes started by --accelerate_config (no second relaunch)
+
+
+@dataclass
+class TrainDataConfig:
+    """Data settings of ``t3d-trl train``.
+
+    Args:
+        dataset_name: a trajectory dataset (a folder written by ``t3d-trl collect`` or ``save_to_disk``, or a Hub
+            repo). For ``loss_type: mdlm``: any dataset with ``prompt``/``completion`` or ``text`` columns (Hub
+            id, local file or folder).
+        dataset_split: the split to train on.
+        eval_split: a split to evaluate on (same dataset).
+        skip_invalid: drop trajectory rows that break the schema instead of failing.
+        accelerate_config: an ``accelerate`` config file: relaunch this command with ``accelerate launch``.
+    """
+
+    dataset_name: str | None = field(
+        default=None, metadata={"help": "trajectory dataset (folder or Hub repo)"}
+    )
+    dataset_split: str = "train"
+    eval_split: str | None = None
+    skip_invalid: bool = False
+    accelerate_config: str | None = field(
+        default=None, metadata={"help": "accelerate config file: run under `accelerate launch --config_file`"}
+    )
+
+
+def _load(data: TrainDataConfig, split: str, loss_type: str) -> Any:
+    if loss_type == "mdlm":  # real data, not trajectories
+        from .collect import load_source_dataset
+
+        return load_source_dataset(data.dataset_name, split=split)
+    from ..data.hub import load_trajectories
+
+    return load_trajectories(data.dataset_name, split=split, skip_invalid=data.skip_invalid)
+
+
+def run(model_args: ModelConfig, data: TrainDataConfig, args: Any) -> str:
+    """Train as the recipe says; returns the output directory."""
+    import torch
+    from transformers import AutoTokenizer
+    from trl import get_peft_config
+
+    from ..models.auto import AutoModelForDiffusionLM
+    from ..trainer import T3DTrainer
+
+    name = model_args.model_name_or_path
+    dtype = model_args.dtype if model_args.dtype in (None, "auto") else getattr(torch, model_args.dtype)
+    kwargs = {"revision": model_args.model_revision, "dtype": dtype}
+    if model_args.attn_implementation is not None:
+        kwargs["attn_implementation"] = model_args.attn_implementation
+    tokenizer = AutoTokenizer.from_pretrained(name, revision=model_args.model_revision)
+    model = AutoModelForDiffusionLM.from_pretrained(name, **kwargs)
+    trainer = T3DTrainer(
+        model,
+        args,
+        train_dataset=_load(data, data.dataset_split, args.loss_type),
+        eval_dataset=_load(data, data.eval_split, args.loss_type) if data.eval_split else None,
+        processing_class=tokenizer,
+        peft_config=get_peft_config(model_args),
+    )
+    trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+    trainer.save_model(args.output_dir)
+    trainer.save_state()
+    if args.push_to_hub:
+        trainer.push_to_hub(dataset_name=data.dataset_name)
+    return args.output_dir
+
+
+def _relaunch(config_file: str, argv: list[str]) -> int:
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", config_file]
+    command += ["-m", "t3d_trl.cli.main", "train", *argv]
+    return subprocess.call(command, env={**os.environ, _LAUNCHED: "1"})
+
+
+def main(argv: list[str]) -> int:
+    from ..trainer import T3DConfig
+
+    try:
+        model_args, data, args = parse_recipe(
+            [ModelConfig, TrainDataConfig, T3DConfig], argv, prog="t3d-trl train", description=__doc__
+        )
+        missing = [
+            n
+            for n, v in (
+                ("model_name_or_path", model_args.model_name_or_path),
+                ("dataset_name", data.dataset_name),
+            )
+            if not v
+        ]
+        if missing:
+            raise ValueError(f"train needs {', '.join(missing)} (in the recipe or as flags)")
+        if data.accelerate_config and not os.path.isfile(data.accelerate_config):
+            raise ValueError(f"accelerate_config {data.accelerate_config!r} is not a file")
+    except ValueError as err:
+        print(f"t3d-trl train: {err}", file=sys.stderr)
+        return 2
+    if data.accelerate_config and not os.environ.get(_LAUNCHED):
+        return _relaunch(data.accelerate_config, argv)
+    print(f"model saved to {run(model_args, data, args)}")
+    return 0

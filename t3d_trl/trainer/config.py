@@ -1,0 +1,171 @@
+"""Configuration of :class:`~t3d_trl.T3DTrainer`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from transformers.utils import is_torch_bf16_gpu_available
+from trl.trainer.base_config import _BaseConfig
+
+from .losses import PATH_WEIGHTINGS
+
+LOSS_TYPES = ("t3d", "ddo", "td", "redi", "dparallel", "mdlm")
+TRAJECTORY_LOSSES = ("t3d", "ddo", "td")  # need the teacher's decoding order (decode_step)
+REFERENCE_LOSSES = ("t3d", "ddo")  # need the reference model
+STATE_SAMPLING = ("uniform", "reference")
+
+
+@dataclass
+class T3DConfig(_BaseConfig):
+    r"""
+    Configuration of [`T3DTrainer`]: trajectory self-distillation of a masked diffusion LM into a few-step student.
+
+    Only the parameters specific to T3D are listed here; see [`~transformers.TrainingArguments`] for the rest.
+    Defaults follow the T3D paper and its reference implementation.
+
+    Parameters:
+        > Objective
+
+        loss_type (`str`, *optional*, defaults to `"t3d"`):
+            `"t3d"`: trajectory DDO plus `lambda_path` times the path-consistency loss (the paper's method).
+            `"ddo"`: trajectory DDO only. `"td"`: trajectory distillation with the forward KL (cross-entropy on
+            the teacher's trajectory states). `"redi"`: endpoint distillation on the teacher's clean outputs with
+            random masking. `"dparallel"`: certainty-forcing distillation on semi-autoregressively masked teacher
+            outputs. `"mdlm"`: the standard masked-diffusion loss on real data (the SFT baseline; also pre-trains
+            a teacher), which reads prompt/completion or text columns instead of `decode_step`.
+        beta (`float`, *optional*, defaults to `0.1`):
+            Scale of DDO's implicit discriminator `sigmoid(beta * log p_theta / p_ref)`.
+        fake_weight (`float`, *optional*, defaults to `0.5`):
+            `alpha`, weight of DDO's fake term (the reference model's own predictions).
+        lambda_path (`float`, *optional*, defaults to `0.2`):
+            Weight of the path-consistency loss in `"t3d"`.
+        path_weighting (`str`, *optional*, defaults to `"early"`):
+            Token weights of the path-consistency loss: `"early"` `(B - pi + 1) / B`, `"uniform"` 1, `"late"`
+            `pi / B`, with `pi` the student step at which the token is decoded and `B` the student steps per block.
+        ref_sync_steps (`int`, *optional*, defaults to `10`):
+            Optimizer steps between refreshes of the DDO reference model from the student ("multi-round").
+        certainty_weight (`float`, *optional*, defaults to `2.0`):
+            `"dparallel"`: weight of the entropy penalty on correctly predicted masked tokens.
+        certainty_temperature (`float`, *optional*, defaults to `0.5`):
+            `"dparallel"`: temperature of the logits inside that entropy.
+
+        > Training states and the student's decoding budget
+
+        state_sampling (`str`, *optional*, defaults to `"uniform"`):
+            How a trajectory state `x_t` is drawn: `"uniform"` over the teacher's denoising steps, or
+            `"reference"` with probability proportional to (share of the block still masked)^8, the public
+            reference code's choice (early, heavily masked states dominate).
+        random_token_prob (`float`, *optional*, defaults to `0.1`):
+            Probability that a masked input position shows a uniformly drawn vocabulary token instead of the
+            mask token (targets stay clean). Applies to every `loss_type`; set 0 to reproduce a published
+            baseline exactly.
+        block_length (`int` or `None`, *optional*, defaults to `None`):
+            Decoding block length of the trajectories and of the student. `None`: read from the trajectory
+            metadata, else the model's block size (block-causal models), else 4 (the paper's).
+        tokens_per_step (`int`, *optional*, defaults to `2`):
+            The student's few-step budget in tokens per step (TokPS): `block_length / tokens_per_step` steps per
+            block. Sets the path-consistency weights and the decoding defaults saved with the distilled model.
+            Ignored by `"mdlm"`.
+
+        > Data
+
+        max_prompt_length (`int` or `None`, *optional*, defaults to `512`):
+            Rows whose prompt is longer are dropped (with a warning); a prompt is never truncated.
+        max_completion_length (`int` or `None`, *optional*, defaults to `1024`):
+            Completions (with their decode steps) are truncated to this many tokens.
+        dataset_num_proc (`int` or `None`, *optional*, defaults to `None`):
+            Processes used to prepare the dataset.
+        disable_dropout (`bool`, *optional*, defaults to `True`):
+            Disable dropout in the student (and hence the reference): DDO's log-ratio must be exactly 0 right
+            after a refresh.
+    """
+
+    # Parameters whose defaults differ from TrainingArguments: the paper's optimiser settings.
+    learning_rate: float = field(
+        default=1e-5, metadata={"help": "Initial AdamW learning rate (paper: 1e-5)."}
+    )
+
+    loss_type: str = field(
+        default="t3d",
+        metadata={"help": "Objective.", "choices": list(LOSS_TYPES)},
+    )
+    beta: float = field(default=0.1, metadata={"help": "DDO discriminator scale beta."})
+    fake_weight: float = field(default=0.5, metadata={"help": "DDO fake-term weight alpha."})
+    lambda_path: float = field(default=0.2, metadata={"help": "Weight of the path-consistency loss (t3d)."})
+    path_weighting: str = field(
+        default="early",
+        metadata={"help": "Path-consistency token weights.", "choices": list(PATH_WEIGHTINGS)},
+    )
+    ref_sync_steps: int = field(
+        default=10, metadata={"help": "Optimizer steps between refreshes of the DDO reference model."}
+    )
+    certainty_weight: float = field(default=2.0, metadata={"help": "dparallel: entropy penalty weight."})
+    certainty_temperature: float = field(default=0.5, metadata={"help": "dparallel: entropy temperature."})
+    state_sampling: str = field(
+        default="uniform",
+        metadata={"help": "How trajectory states are drawn.", "choices": list(STATE_SAMPLING)},
+    )
+    random_token_prob: float = field(
+        default=0.1, metadata={"help": "Share of masked input positions shown as random tokens."}
+    )
+    block_length: int | None = field(
+        default=None, metadata={"help": "Decoding block length (default: trajectory metadata or model)."}
+    )
+    tokens_per_step: int = field(default=2, metadata={"help": "Student tokens per decoding step (TokPS)."})
+    max_prompt_length: int | None = field(
+        default=512, metadata={"help": "Drop rows with longer prompts (never truncated)."}
+    )
+    max_completion_length: int | None = field(default=1024, metadata={"help": "Truncate completions."})
+    dataset_num_proc: int | None = field(
+        default=None, metadata={"help": "Processes for dataset preparation."}
+    )
+    disable_dropout: bool = field(default=True, metadata={"help": "Disable dropout in the model."})
+
+    def __post_init__(self):
+        # TRL turns bf16 on by default; only do so where bf16 training works (not on a CPU-only machine).
+        if self.bf16 is None and not self.fp16:
+            self.bf16 = not self.use_cpu and is_torch_bf16_gpu_available()
+        super().__post_init__()
+        if self.loss_type not in LOSS_TYPES:
+            raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {self.loss_type!r}")
+        if self.path_weighting not in PATH_WEIGHTINGS:
+            raise ValueError(f"path_weighting must be one of {PATH_WEIGHTINGS}, got {self.path_weighting!r}")
+        if self.state_sampling not in STATE_SAMPLING:
+            raise ValueError(f"state_sampling must be one of {STATE_SAMPLING}, got {self.state_sampling!r}")
+        for name in ("beta", "certainty_temperature"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("fake_weight", "lambda_path", "certainty_weight"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.ref_sync_steps < 1:
+            raise ValueError(
+                f"ref_sync_steps must be a positive number of optimizer steps, got {self.ref_sync_steps}"
+            )
+        if not 0 <= self.random_token_prob < 1:
+            raise ValueError(f"random_token_prob must be in [0, 1), got {self.random_token_prob}")
+        if self.tokens_per_step < 1:
+            raise ValueError(f"tokens_per_step must be positive, got {self.tokens_per_step}")
+        if self.block_length is not None:
+            if self.block_length < 1:
+                raise ValueError(f"block_length must be positive, got {self.block_length}")
+            if self.loss_type != "mdlm" and self.block_length % self.tokens_per_step:
+                raise ValueError(
+                    f"block_length={self.block_length} is not a multiple of tokens_per_step={self.tokens_per_step}"
+                )
+        for name in ("max_prompt_length", "max_completion_length"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive or None, got {getattr(self, name)}")
+        # Settings that only one objective reads: refuse them elsewhere rather than ignore them silently.
+        if self.state_sampling != "uniform" and self.loss_type not in TRAJECTORY_LOSSES:
+            raise ValueError(
+                f"state_sampling={self.state_sampling!r} draws trajectory states, but loss_type={self.loss_type!r} "
+                f"masks randomly; use it with one of {TRAJECTORY_LOSSES}"
+            )
+        if self.path_weighting != "early" and self.loss_type != "t3d":
+            raise ValueError(
+                f"path_weighting={self.path_weighting!r} weights the path-consistency loss, which only "
+                f"loss_type='t3d' has (got {self.loss_type!r})"
+            )
+        if self.loss_type == "t3d" and self.lambda_path == 0:
+            raise ValueError("loss_type='t3d' with lambda_path=0 is DDO alone: use loss_type='ddo'")

@@ -1,0 +1,108 @@
+"""``t3d-trl train``: the recipe-driven run, relaunched over two CPU processes, matches the Python API."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import build_bidirectional_model, build_trajectories
+
+from t3d_trl import DiffusionGenerationConfig
+from t3d_trl.cli.main import main
+from t3d_trl.trainer import T3DConfig, T3DTrainer
+
+PROMPTS = ["hello", "what is 2+2", "abc", "the cat sat"]
+SETTINGS = dict(
+    max_steps=1,
+    learning_rate=1e-2,
+    logging_steps=1,
+    save_strategy="no",
+    report_to="none",
+    gradient_checkpointing=False,
+    disable_tqdm=True,
+    use_cpu=True,
+)
+
+
+@pytest.fixture
+def files(tokenizer, tmp_path):
+    """A tiny saved student and a trajectory dataset saved the way ``t3d-trl collect`` saves it."""
+    model_dir, data_dir = tmp_path / "model", tmp_path / "trajectories"
+    build_bidirectional_model(tokenizer, seed=1).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    build_trajectories(build_bidirectional_model(tokenizer, seed=1), tokenizer, PROMPTS).save_to_disk(
+        data_dir
+    )
+    return model_dir, data_dir
+
+
+def write_yaml(path: Path, values: dict) -> str:
+    path.write_text(yaml.safe_dump(values))
+    return str(path)
+
+
+def test_two_process_cli_run_matches_the_one_process_python_api(tokenizer, files, tmp_path):
+    from t3d_trl import load_trajectories
+
+    model_dir, data_dir = files
+    # One process, Python API, batch of 4.
+    single = T3DTrainer(
+        build_bidirectional_model(tokenizer, seed=1),
+        T3DConfig(output_dir=str(tmp_path / "single"), per_device_train_batch_size=4, **SETTINGS),
+        train_dataset=load_trajectories(str(data_dir)),
+        processing_class=tokenizer,
+    )
+    single.train()
+    expected = single.state.log_history[0]
+
+    # Two processes (gloo on the CPU), 2 rows each, launched by the command itself. `accelerate launch --cpu` starts
+    # one process (multi-CPU wants MPI); a MULTI_GPU config starts torchrun workers that use_cpu keeps on the CPU.
+    with socket.socket() as free:  # a free rendezvous port: other test sessions may be running torchrun too
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    launcher = {"distributed_type": "MULTI_GPU", "num_processes": 2, "num_machines": 1, "machine_rank": 0}
+    launcher["main_process_port"] = port
+    launcher.update(
+        {"mixed_precision": "no", "dynamo_backend": "NO", "gpu_ids": "all", "main_training_function": "main"}
+    )
+    recipe = {
+        "model_name_or_path": str(model_dir),
+        "dataset_name": str(data_dir),
+        "output_dir": str(tmp_path / "cli"),
+        "per_device_train_batch_size": 2,
+        "accelerate_config": write_yaml(tmp_path / "accelerate.yaml", launcher),
+        **SETTINGS,
+    }
+    assert main(["train", "--config", write_yaml(tmp_path / "recipe.yaml", recipe)]) == 0
+
+    out = tmp_path / "cli"
+    log = json.loads((out / "trainer_state.json").read_text())["log_history"][0]
+    assert log["epoch"] == 1.0  # 2 processes x 2 rows: one step covers the 4 rows (one process would do 0.5)
+    assert log["loss"] == pytest.approx(expected["loss"], rel=1e-4)
+    assert log["grad_norm"] == pytest.approx(expected["grad_norm"], rel=1e-4)
+    saved = json.loads((out / "config.json").read_text())
+    assert DiffusionGenerationConfig.from_dict(saved["diffusion_generation"]).tokens_per_step == 2
+    assert "- t3d" in (out / "README.md").read_text()
+
+
+def test_flags_override_the_recipe_and_bad_recipes_exit_2(files, tmp_path, capsys):
+    model_dir, data_dir = files
+    recipe = {
+        "model_name_or_path": str(model_dir),
+        "dataset_name": str(data_dir),
+        "output_dir": str(tmp_path / "o"),
+    }
+    recipe.update(SETTINGS, loss_type="td", per_device_train_batch_size=4)
+    path = write_yaml(tmp_path / "recipe.yaml", recipe)
+    assert main(["train", "--config", path, "--max_steps", "2"]) == 0
+    state = json.loads((tmp_path / "o" / "trainer_state.json").read_text())
+    assert state["global_step"] == 2 and "loss/td" in state["log_history"][0]
+
+    assert main(["train", "--config", write_yaml(tmp_path / "bad.yaml", {**recipe, "betta": 0.2})]) == 2
+    assert "betta" in capsys.readouterr().err
+    del recipe["dataset_name"]
+    assert main(["train", "--config", write_yaml(tmp_path / "none.yaml", recipe)]) == 2
+    assert "dataset_name" in capsys.readouterr().err
