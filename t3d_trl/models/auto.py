@@ -22,6 +22,7 @@ from .convert import locate_weights
 from .diffusion_config import DiffusionConfig
 from .families import FAMILIES, ModelFamily, get_family
 from .families.base import CONFIG_FILE, GENERATION_CONFIG_FILE, read_json
+from .forward import unwrap_model
 
 # Keyword arguments of ``from_pretrained`` that also apply to loading a config or a tokenizer.
 _HUB_KWARGS = ("revision", "token", "cache_dir", "local_files_only", "trust_remote_code", "subfolder")
@@ -35,16 +36,6 @@ def _with_mixin(cls: type) -> type:
     return type(cls.__name__, (DiffusionGenerationMixin, cls), namespace)
 
 
-def _transformers_model(model: torch.nn.Module) -> PreTrainedModel:
-    get_base = getattr(model, "get_base_model", None)  # peft.PeftModel
-    inner = get_base() if callable(get_base) else model
-    if not isinstance(inner, PreTrainedModel):
-        raise TypeError(
-            f"expected a transformers PreTrainedModel or a peft PeftModel, got {type(model).__name__}"
-        )
-    return inner
-
-
 def add_diffusion_generation(
     model: torch.nn.Module,
     diffusion_config: DiffusionConfig | dict | None = None,
@@ -56,7 +47,7 @@ def add_diffusion_generation(
     ``save_pretrained`` keeps them. Returns the same object (its class gains :class:`DiffusionGenerationMixin`;
     for a ``PeftModel`` the wrapped transformers model does, and the wrapper forwards the call).
     """
-    inner = _transformers_model(model)
+    inner = unwrap_model(model)
     if isinstance(diffusion_config, dict):
         diffusion_config = DiffusionConfig.from_dict(diffusion_config)
     if diffusion_config is not None:

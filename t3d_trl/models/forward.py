@@ -14,8 +14,23 @@ from functools import cache as _memoize
 from typing import Any
 
 import torch
+from transformers import PreTrainedModel
 
 from .diffusion_config import DiffusionConfig
+
+
+def unwrap_model(model: torch.nn.Module) -> PreTrainedModel:
+    """The transformers model inside DDP / DeepSpeed (``.module``) and ``peft`` (``get_base_model``) wrappers."""
+    while not isinstance(model, PreTrainedModel):
+        if callable(getattr(model, "get_base_model", None)):
+            model = model.get_base_model()
+        elif isinstance(getattr(model, "module", None), torch.nn.Module):
+            model = model.module
+        else:
+            raise TypeError(
+                f"expected a transformers PreTrainedModel (or a wrapper of one), got {type(model).__name__}"
+            )
+    return model
 
 
 @_memoize
@@ -25,12 +40,12 @@ def _forward_params(cls: type) -> frozenset[str]:
 
 def accepts_4d_mask(model: torch.nn.Module) -> bool:
     """Decoders that take ``logits_to_keep`` take additive 4D masks; encoder MLMs do not."""
-    return "logits_to_keep" in _forward_params(type(model))
+    return "logits_to_keep" in _forward_params(type(unwrap_model(model)))
 
 
 def cache_keyword(model: torch.nn.Module) -> str:
     """transformers 5.24 renamed ``past_key_values`` to ``cache``; support both spellings."""
-    return "cache" if "cache" in _forward_params(type(model)) else "past_key_values"
+    return "cache" if "cache" in _forward_params(type(unwrap_model(model))) else "past_key_values"
 
 
 def diffusion_forward(
@@ -46,7 +61,8 @@ def diffusion_forward(
     """Run ``model`` and return ``(logits, cache)``.
 
     Args:
-        model: a transformers model (a decoder accepting 4D masks, or an encoder MLM).
+        model: a transformers model (a decoder accepting 4D masks, or an encoder MLM), or a DDP / DeepSpeed /
+            ``peft`` wrapper of one (the wrapper is called, so gradient sync and adapters stay in the loop).
         diffusion: the model's diffusion description (for the logit shift).
         input_ids: ``[B, L]`` tokens fed this pass.
         attention_mask: ``[B, 1, L, past + L]`` additive float mask for decoders, ``[B, L]`` 0/1 for encoders.

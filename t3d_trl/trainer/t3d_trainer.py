@@ -10,7 +10,6 @@ import os
 import textwrap
 from collections import defaultdict
 from contextlib import contextmanager
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,7 @@ from ..data.schema import TrajectoryMetadata
 from ..generation.configuration import DiffusionGenerationConfig
 from ..models.auto import AutoModelForDiffusionLM
 from ..models.diffusion_config import DiffusionConfig
-from ..models.forward import accepts_4d_mask, diffusion_forward
+from ..models.forward import accepts_4d_mask, diffusion_forward, unwrap_model
 from . import losses
 from .config import REFERENCE_LOSSES, TRAJECTORY_LOSSES, T3DConfig
 
@@ -41,34 +40,6 @@ REFERENCE_FILE = "t3d_reference.safetensors"
 _REF_ADAPTER = "ref"
 _COLUMNS = ("prompt_ids", "completion_ids", "decode_step", "row_index")
 _MODEL_CARD_TEMPLATE = Path(__file__).with_name("model_card.jinja")
-
-
-class _Call:
-    """Lets :func:`diffusion_forward` drive a wrapped model (DDP, DeepSpeed, PEFT): it reads the innermost
-    model's ``forward`` signature (to pick the mask format) but calls the wrapper, so gradient synchronisation
-    and adapters stay in the loop."""
-
-    def __init__(self, wrapped: torch.nn.Module):
-        self._wrapped = wrapped
-
-    def __call__(self, **kwargs: Any) -> Any:
-        return self._wrapped(**kwargs)
-
-
-@cache
-def _call_type(inner: type) -> type:
-    return type(f"_Call{inner.__name__}", (_Call,), {"forward": inner.forward})
-
-
-def _innermost(model: torch.nn.Module) -> PreTrainedModel:
-    while not isinstance(model, PreTrainedModel):
-        if hasattr(model, "get_base_model"):
-            model = model.get_base_model()
-        elif hasattr(model, "module"):
-            model = model.module
-        else:
-            raise TypeError(f"cannot find the transformers model inside {type(model).__name__}")
-    return model
 
 
 @torch.no_grad()
@@ -170,7 +141,7 @@ class T3DTrainer(_BaseTrainer):
             model = AutoModelForDiffusionLM.from_pretrained(model, dtype="auto")
 
         # The model: a diffusion description is what makes it a masked diffusion LM.
-        inner = _innermost(model)
+        inner = unwrap_model(model)
         diffusion = DiffusionConfig.from_model_config(inner.config)
         if diffusion is None:
             raise ValueError(
@@ -456,7 +427,7 @@ class T3DTrainer(_BaseTrainer):
         distilled.save_to_model_config(inner.config)
 
     def _build_reference(self) -> torch.nn.Module:
-        student = _innermost(self.accelerator.unwrap_model(self.model))
+        student = unwrap_model(self.accelerator.unwrap_model(self.model))
         if self._zero3:
             # A ZeRO-3 student is sharded: load the architecture again, the first sync copies the weights.
             from trl.trainer.utils import create_model_from_path
@@ -520,7 +491,7 @@ class T3DTrainer(_BaseTrainer):
         if self._ref_adapter:
             safetensors.torch.save_file(self._reference_state(), path, metadata=metadata)
         else:
-            reference = _innermost(self.accelerator.unwrap_model(self.ref_model))
+            reference = unwrap_model(self.accelerator.unwrap_model(self.ref_model))
             safetensors.torch.save_model(reference, path, metadata=metadata)
 
     def _load_reference(self, folder: str) -> None:
@@ -539,7 +510,7 @@ class T3DTrainer(_BaseTrainer):
                 for name, value in safetensors.torch.load_file(path).items():
                     named[name].data.copy_(value)
         else:
-            reference = _innermost(self.accelerator.unwrap_model(self.ref_model))
+            reference = unwrap_model(self.accelerator.unwrap_model(self.ref_model))
             safetensors.torch.load_model(reference, path, device=str(next(reference.parameters()).device))
         self._ref_synced_at = int(synced_at) if synced_at not in (None, "None") else None
 
@@ -548,16 +519,16 @@ class T3DTrainer(_BaseTrainer):
     def _mask_dtype(self, model: torch.nn.Module) -> torch.dtype:
         if torch.is_autocast_enabled(self.accelerator.device.type):
             return torch.get_autocast_dtype(self.accelerator.device.type)
-        return _innermost(self.accelerator.unwrap_model(model)).dtype
+        return unwrap_model(self.accelerator.unwrap_model(model)).dtype
 
     def _logits(self, model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        inner = _innermost(self.accelerator.unwrap_model(model))
+        inner = unwrap_model(self.accelerator.unwrap_model(model))
         is_decoder = accepts_4d_mask(inner)
         mask = diffusion_attention_mask(
             inputs, self.block_length, self.diffusion.is_block_causal, self._mask_dtype(model), is_decoder
         )
         logits, _ = diffusion_forward(
-            _call_type(type(inner))(model),
+            model,
             self.diffusion,
             inputs["input_ids"],
             mask,
@@ -756,7 +727,7 @@ class T3DTrainer(_BaseTrainer):
             return
         from huggingface_hub import ModelCard, ModelCardData
 
-        inner = _innermost(self.accelerator.unwrap_model(self.model))
+        inner = unwrap_model(self.accelerator.unwrap_model(self.model))
         base_model = get_config_model_id(inner.config)
         base_model = base_model if base_model and not os.path.isdir(base_model) else None
         tags = {tags} if isinstance(tags, str) else set(tags or [])
