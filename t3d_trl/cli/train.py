@@ -119,7 +119,9 @@ def main(argv: list[str]) -> int:
     except ValueError as err:
         print(f"t3d-trl train: {err}", file=sys.stderr)
         return 2
-    if data.accelerate_config and not os.environ.get(_LAUNCHED):
+    # Already one of several processes (accelerate launch, torchrun, SLURM): run here, do not relaunch.
+    launched = os.environ.get(_LAUNCHED) or int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if data.accelerate_config and not launched:
         return _relaunch(data.accelerate_config, argv)
     print(f"model saved to {run(model_args, data, args)}")
     return 0
