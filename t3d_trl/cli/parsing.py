@@ -14,7 +14,7 @@ def parse_recipe(
     """Parse ``--config recipe.yaml`` plus flags into instances of ``dataclass_types``.
 
     YAML values become defaults, flags override them, and a key that no dataclass knows raises
-    ``ValueError`` naming it (``t3d-trl`` turns it into an error message and exit status 2).
+    ``ValueError`` naming it (each command prints it and exits with status 2).
     """
     parser = TrlParser(list(dataclass_types), prog=prog, description=description)
     return parser.parse_args_and_config(args=list(argv))
