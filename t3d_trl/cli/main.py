@@ -12,7 +12,20 @@ import sys
 
 # command name -> (module under t3d_trl.cli, one-line help). Modules are imported only when their command runs.
 COMMANDS: dict[str, tuple[str, str]] = {
+    "quickstart": (
+        "quickstart",
+        "the T3D demo end to end on the CPU: teacher, trajectories, distillation, evaluation",
+    ),
     "env": ("env", "print versions of t3d-trl, Python, torch and the Hugging Face libraries"),
+    "collect": ("collect", "decode a dataset with a teacher and save its trajectories (resumable)"),
+    "train": ("train", "distil a few-step student with T3D or a baseline (--config recipe.yaml)"),
+    "eval": (
+        "eval",
+        "evaluate models side by side over benchmarks and decoding budgets (--config recipe.yaml)",
+    ),
+    "generate": ("generate", "decode one prompt with a diffusion LM, decoding settings as flags"),
+    "analyze": ("analyze", "factorization error (conditional total correlation) of models, with a heatmap"),
+    "convert": ("convert", "convert a published LLaDA, SDAR or Dream checkpoint to native transformers"),
 }
 
 

@@ -1,0 +1,386 @@
+"""The CPU demo behind ``t3d-trl quickstart``: T3D end to end on an embedded task, with nothing downloaded.
+
+Pipeline (every stage is the library's public code path):
+
+1. **Teacher.** A tiny bidirectional Qwen3 MDLM for the task: the one shipped in the package (trained by
+   ``examples/train_demo_teacher.py`` with ``T3DTrainer(loss_type="mdlm")``), a saved one, or trained here.
+2. **Trajectories.** ``collect_trajectories``: the teacher decodes the training prompts one token per step
+   (greedy, low-confidence remasking) and records the step at which each token was unmasked.
+3. **Distillation.** ``T3DTrainer`` with ``loss_type`` ``t3d`` and the baselines (``td``, ``redi``, optionally
+   ``dparallel``), each from a fresh copy of the teacher, with the same number of optimizer steps and batch.
+4. **Evaluation.** ``run_grid`` over held-out prompts: static TokPS 1, 2 and 4 and dynamic decoding.
+5. **Analysis.** ``total_correlation`` (the factorization error) of the teacher and the students on the
+   teacher's trajectory states, as a heatmap like the paper's Figure 2.
+
+The small-scale hyper-parameters were tuned for this task (``docs/quickstart.md``); the paper's defaults stay
+the defaults of ``T3DConfig`` and of the LLM recipes.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from datasets import Dataset
+
+from .tasks import DemoTask, build_teacher, get_task
+
+logger = logging.getLogger(__name__)
+
+PACKAGED_TEACHERS = Path(__file__).parent / "teachers"
+METHODS = ("t3d", "td", "redi", "dparallel")
+
+
+@dataclass
+class QuickstartConfig:
+    """Settings of the demo. ``fast`` shrinks every budget for a smoke run (the tests use it)."""
+
+    task: str = field(default="sort2", metadata={"help": "Embedded task family (sort2, words, add)."})
+    output_dir: str = field(default="t3d-quickstart", metadata={"help": "Where models, data and results go."})
+    seed: int = field(default=0, metadata={"help": "Seed of data, training and decoding."})
+    methods: list[str] = field(
+        default_factory=lambda: ["t3d", "td", "redi"],
+        metadata={"help": f"Distillation methods, from {list(METHODS)}."},
+    )
+    teacher: str | None = field(
+        default=None, metadata={"help": "A saved teacher; default: the packaged one for the task."}
+    )
+    train_teacher: bool = field(
+        default=False, metadata={"help": "Pre-train the teacher here (loss_type=mdlm)."}
+    )
+    teacher_steps: int = field(default=2000, metadata={"help": "Teacher pre-training steps."})
+    teacher_learning_rate: float = field(
+        default=2e-3, metadata={"help": "Teacher pre-training learning rate."}
+    )
+    num_trajectories: int = field(default=8000, metadata={"help": "Training prompts decoded by the teacher."})
+    distill_steps: int = field(default=500, metadata={"help": "Optimizer steps of every method."})
+    batch_size: int = field(default=256, metadata={"help": "Training batch size (teacher and students)."})
+    learning_rate: float = field(default=1e-3, metadata={"help": "Distillation learning rate."})
+    tokens_per_step: int = field(
+        default=4, metadata={"help": "Student budget (TokPS) used for path weights."}
+    )
+    beta: float = field(default=1.0, metadata={"help": "DDO beta (paper: 0.1)."})
+    fake_weight: float = field(default=0.5, metadata={"help": "DDO fake-term weight alpha (paper: 0.5)."})
+    lambda_path: float = field(default=1.0, metadata={"help": "Path-consistency weight (paper: 0.2)."})
+    ref_sync_steps: int = field(default=10, metadata={"help": "Reference refresh period (paper: 10)."})
+    num_eval: int = field(default=1000, metadata={"help": "Held-out prompts per evaluation."})
+    eval_tokens_per_step: list[int] = field(
+        default_factory=lambda: [1, 2, 4], metadata={"help": "Static budgets evaluated (TokPS)."}
+    )
+    threshold: float = field(default=0.9, metadata={"help": "Dynamic decoding threshold evaluated."})
+    analysis_prompts: int = field(default=128, metadata={"help": "Trajectories used by the TC analysis."})
+    analysis_samples: int = field(default=16, metadata={"help": "Monte Carlo samples per TC state."})
+    threads: int | None = field(default=None, metadata={"help": "torch threads (default: all cores)."})
+    fast: bool = field(default=False, metadata={"help": "Tiny budgets: a smoke run of every stage."})
+
+    def __post_init__(self) -> None:
+        unknown = [m for m in self.methods if m not in METHODS]
+        if unknown:
+            raise ValueError(f"unknown methods {unknown}; choose from {list(METHODS)}")
+        if not self.methods:
+            raise ValueError("methods must name at least one distillation method")
+        if self.fast:
+            self.teacher_steps = min(self.teacher_steps, 20)
+            self.num_trajectories = min(self.num_trajectories, 256)
+            self.distill_steps = min(self.distill_steps, 4)
+            self.batch_size = min(self.batch_size, 64)
+            self.num_eval = min(self.num_eval, 64)
+            self.analysis_prompts = min(self.analysis_prompts, 8)
+            self.analysis_samples = min(self.analysis_samples, 4)
+
+
+def _training_args(config: QuickstartConfig, output_dir: Path, **overrides: Any) -> Any:
+    from ..trainer.config import T3DConfig
+
+    values: dict[str, Any] = dict(
+        output_dir=str(output_dir),
+        max_steps=config.distill_steps,
+        per_device_train_batch_size=config.batch_size,
+        learning_rate=config.learning_rate,
+        lr_scheduler_type="cosine",
+        warmup_steps=max(1, config.distill_steps // 20),
+        weight_decay=0.0,
+        logging_steps=max(1, config.distill_steps // 10),
+        save_strategy="no",
+        report_to="none",
+        use_cpu=not torch.cuda.is_available(),
+        seed=config.seed,
+        gradient_checkpointing=False,
+        dataloader_num_workers=0,
+    )
+    values.update(overrides)
+    return T3DConfig(**values)
+
+
+def _split_rows(task: DemoTask, config: QuickstartConfig) -> tuple[list[dict], list[dict]]:
+    """Training and held-out prompts: disjoint by construction (different seeds, duplicates removed)."""
+    train = task.sample(config.num_trajectories, seed=config.seed)
+    seen = {row["prompt"] for row in train}
+    held_out = [
+        row
+        for row in task.sample(config.num_eval * 2, seed=10_000 + config.seed)
+        if row["prompt"] not in seen
+    ]
+    return train, held_out[: config.num_eval]
+
+
+def train_teacher(task: DemoTask, config: QuickstartConfig, output_dir: Path) -> torch.nn.Module:
+    """Pre-train the task's tiny teacher with the library's own trainer (``loss_type="mdlm"``)."""
+    from ..trainer.t3d_trainer import T3DTrainer
+
+    tokenizer = task.tokenizer()
+    rows = task.sample(max(config.teacher_steps * config.batch_size // 4, 1000), seed=config.seed + 1)
+    # Pre-tokenised without EOS: completions are exactly `answer_length` tokens, as decoded by the demo.
+    data = Dataset.from_list(
+        [
+            {
+                "prompt_ids": tokenizer(r["prompt"], add_special_tokens=False).input_ids,
+                "completion_ids": tokenizer(r["answer"], add_special_tokens=False).input_ids,
+            }
+            for r in rows
+        ]
+    )
+    model = build_teacher(task, seed=config.seed)
+    args = _training_args(
+        config,
+        output_dir,
+        loss_type="mdlm",
+        max_steps=config.teacher_steps,
+        learning_rate=config.teacher_learning_rate,
+        block_length=task.block_length,
+        random_token_prob=0.0,
+    )
+    T3DTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer).train()
+    model.eval()
+    model.save_pretrained(output_dir)
+    tokenizer.save_pretrained(output_dir)
+    return model
+
+
+def load_teacher(task: DemoTask, config: QuickstartConfig, output: Path) -> tuple[torch.nn.Module, str]:
+    from ..models.auto import AutoModelForDiffusionLM
+
+    if config.train_teacher:
+        return train_teacher(task, config, output / "teacher"), "trained here"
+    path = Path(config.teacher) if config.teacher else PACKAGED_TEACHERS / task.name
+    if not (path / "config.json").exists():
+        if config.teacher:
+            raise FileNotFoundError(f"no teacher checkpoint at {path} (config.json missing)")
+        logger.warning("no packaged teacher for %s: training one (%d steps)", task.name, config.teacher_steps)
+        return train_teacher(task, config, output / "teacher"), "trained here"
+    return AutoModelForDiffusionLM.from_pretrained(path).eval(), str(path)
+
+
+def collect(
+    teacher: torch.nn.Module, task: DemoTask, rows: list[dict], config: QuickstartConfig, output: Path
+):
+    """The teacher's trajectories on the training prompts (self-distillation keeps them all)."""
+    from ..data.trajectories import collect_trajectories
+
+    dataset = collect_trajectories(
+        teacher,
+        task.tokenizer(),
+        Dataset.from_list(rows),
+        prompt_template="plain",
+        prompt_column="prompt",
+        id_column="id",
+        use_chat_template=False,
+        keep_columns=["answer"],
+        generation_config=task.generation_config(tokens_per_step=1, stop_at_eos=False),
+        output_dir=str(output / "trajectories"),
+        batch_size=512,
+        seed=config.seed,
+    )
+    valid = sum(task.is_valid(row["prompt"], row["completion"]) for row in dataset)
+    logger.info("trajectories: %d of %d teacher answers are valid", valid, len(dataset))
+    return dataset
+
+
+def distill(
+    method: str,
+    teacher: torch.nn.Module,
+    trajectories: Dataset,
+    task: DemoTask,
+    config: QuickstartConfig,
+    output: Path,
+) -> torch.nn.Module:
+    """A fresh copy of the teacher distilled with ``loss_type=method``."""
+    from ..trainer.t3d_trainer import T3DTrainer
+
+    student = copy.deepcopy(teacher).train()
+    args = _training_args(
+        config,
+        output / method,
+        loss_type=method,
+        block_length=task.block_length,
+        tokens_per_step=config.tokens_per_step,
+        **(
+            dict(beta=config.beta, fake_weight=config.fake_weight, ref_sync_steps=config.ref_sync_steps)
+            if method in ("t3d", "ddo")
+            else {}
+        ),
+        **({"lambda_path": config.lambda_path} if method == "t3d" else {}),
+    )
+    trainer = T3DTrainer(
+        model=student, args=args, train_dataset=trajectories, processing_class=task.tokenizer()
+    )
+    trainer.train()
+    trainer.save_model(str(output / method))
+    return trainer.model.eval()
+
+
+def _benchmark(task: DemoTask):
+    from ..evaluation.benchmarks import Benchmark, register_benchmark
+
+    def checker(completions, examples):
+        return [
+            task.is_valid(example["problem"], completion)
+            for completion, example in zip(completions, examples)
+        ]
+
+    benchmark = Benchmark(
+        name=f"demo-{task.name}",
+        path=f"t3d-trl/demo-{task.name}",
+        checker=checker,
+        columns={"problem": "prompt"},
+    )
+    register_benchmark(benchmark.name, benchmark, overwrite=True)
+    return benchmark
+
+
+def evaluate(
+    models: dict[str, torch.nn.Module],
+    task: DemoTask,
+    rows: list[dict],
+    config: QuickstartConfig,
+    output: Path,
+):
+    from ..evaluation.runner import run_grid
+
+    data_file = output / "eval_prompts.jsonl"
+    data_file.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    benchmark = _benchmark(task)
+    return run_grid(
+        models,
+        [benchmark],
+        block_lengths=[task.block_length],
+        tokens_per_step=config.eval_tokens_per_step,
+        thresholds=[config.threshold],
+        generation_kwargs={"max_new_tokens": task.answer_length, "stop_at_eos": False},
+        tokenizer=task.tokenizer(),
+        data_files={benchmark.name: data_file},
+        batch_size=500,
+        seeds=[config.seed],
+        use_chat_template=False,
+        output_dir=output / "eval",
+    )
+
+
+def analyze(
+    models: dict[str, torch.nn.Module], trajectories: Dataset, config: QuickstartConfig, output: Path
+):
+    from ..analysis import TotalCorrelationConfig, total_correlation
+    from ..analysis.plots import plot_entropy, plot_tc_by_jump, plot_tc_heatmap
+
+    states = trajectories.select(range(min(config.analysis_prompts, len(trajectories))))
+    tc_config = TotalCorrelationConfig(num_samples=config.analysis_samples, seed=config.seed)
+    results = {
+        name: total_correlation(model, states, config=tc_config, progress=True)
+        for name, model in models.items()
+    }
+    plot_tc_heatmap(results, output / "tc_heatmap.png")
+    plot_tc_by_jump(results, output / "tc_by_jump.png")
+    plot_entropy(results, output / "entropy.png")
+    return {name: result.to_dict() for name, result in results.items()}
+
+
+def summary_table(grid: Any, names: list[str], config: QuickstartConfig, block_length: int) -> str:
+    """Accuracy (%) per model and budget, and the dynamic run's mean NFE, as a Markdown table."""
+    labels = [f"block{block_length}-tokps{k}" for k in config.eval_tokens_per_step]
+    dynamic = f"block{block_length}-threshold{config.threshold:g}"
+    header = [
+        "model",
+        *[f"TokPS {k}" for k in config.eval_tokens_per_step],
+        f"dynamic {config.threshold:g}",
+        "dynamic NFE",
+    ]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for name in names:
+        cells = [f"{100 * _metric(grid, name, label):.1f}" for label in labels]
+        cells += [
+            f"{100 * _metric(grid, name, dynamic):.1f}",
+            f"{_metric(grid, name, dynamic, 'mean_nfe'):.2f}",
+        ]
+        lines.append("| " + " | ".join([name, *cells]) + " |")
+    return "\n".join(lines)
+
+
+def _metric(grid: Any, model: str, label: str, name: str = "accuracy") -> float:
+    for entry in grid.results:
+        if entry["model"] == model and entry["setting"]["label"] == label:
+            return float(entry["metrics"][name])
+    raise KeyError(f"no result for {model} at {label}")
+
+
+def run_quickstart(config: QuickstartConfig) -> dict[str, Any]:
+    """Run the whole demo; returns (and writes to ``output_dir/results.json``) every number it reports."""
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    torch.manual_seed(config.seed)
+    output = Path(config.output_dir)
+    output.mkdir(parents=True, exist_ok=True)
+    task = get_task(config.task)
+    timings: dict[str, float] = {}
+    start = time.perf_counter()
+
+    def lap(stage: str) -> None:
+        timings[stage] = round(time.perf_counter() - start - sum(timings.values()), 1)
+        logger.info("%s done in %.1f s", stage, timings[stage])
+
+    train_rows, eval_rows = _split_rows(task, config)
+    teacher, teacher_source = load_teacher(task, config, output)
+    lap("teacher")
+    trajectories = collect(teacher, task, train_rows, config, output)
+    lap("trajectories")
+    models: dict[str, torch.nn.Module] = {"teacher": teacher}
+    for method in config.methods:
+        models[method] = distill(method, teacher, trajectories, task, config, output)
+        lap(f"distill {method}")
+    grid = evaluate(models, task, eval_rows, config, output)
+    lap("evaluation")
+    analysis_models = {name: models[name] for name in ("teacher", *config.methods)}
+    tc = analyze(analysis_models, trajectories, config, output)
+    lap("analysis")
+
+    table = summary_table(grid, list(models), config, task.block_length)
+    results = {
+        "task": task.name,
+        "task_description": task.description,
+        "teacher": teacher_source,
+        "config": asdict(config),
+        "num_trajectories": len(trajectories),
+        "accuracy": {
+            name: {
+                entry["setting"]["label"]: entry["metrics"]["accuracy"]
+                for entry in grid.results
+                if entry["model"] == name
+            }
+            for name in models
+        },
+        "dynamic_nfe": {
+            name: _metric(grid, name, f"block{task.block_length}-threshold{config.threshold:g}", "mean_nfe")
+            for name in models
+        },
+        "total_correlation_by_jump": {name: result["by_jump"] for name, result in tc.items()},
+        "table": table,
+        "timings_s": {**timings, "total": round(time.perf_counter() - start, 1)},
+    }
+    (output / "results.json").write_text(json.dumps(results, indent=2))
+    (output / "total_correlation.json").write_text(json.dumps(tc, indent=2))
+    return results

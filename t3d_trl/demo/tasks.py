@@ -1,0 +1,250 @@
+"""Embedded demo task families: tiny generated tasks on which few-step decoding visibly breaks.
+
+Every family is generated in code (nothing is downloaded) and is deterministic given a seed. Its answers are
+exactly :attr:`DemoTask.answer_length` = 8 tokens long and every prompt has SEVERAL valid answers, so a
+masked diffusion model trained on the task learns a multi-modal distribution. Decoding one token per step
+picks one mode; committing several tokens in one parallel step samples each position from its own marginal
+and mixes modes into an invalid answer (the factorization error of the T3D paper, Eq. tc).
+
+Families (``DEMO_TASKS``):
+
+* ``sort2``: 8 distinct letters out of 16 in random order; valid answers: the letters sorted ascending or
+  descending (2 modes). One decoding block of 8.
+* ``words``: two categories (animal, color, food, tool); answer: a 4-letter word of the first category then
+  one of the second, spelled letter by letter (6 x 6 = 36 modes). Two decoding blocks of 4, one word each:
+  letters of two different words committed in one step spell no word.
+* ``add``: a two-digit and a one-digit number; answer: the sum written out with the operands in either order
+  and a 3-digit result, ``4 7 + 8 = 0 5 5`` or ``8 + 4 7 = 0 5 5`` (2 modes; the result digits are
+  deterministic). One decoding block of 8.
+
+Each family has its own word-level tokenizer (:meth:`DemoTask.tokenizer`): one token per whitespace-separated
+word, the special tokens ``[PAD] [BOS] [EOS] [MASK] [UNK]`` (ids 0-4), left padding, no chat template, no
+special tokens added around a prompt. Completions have no EOS: the demo decodes exactly
+``max_new_tokens = answer_length`` tokens (:meth:`DemoTask.generation_config`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import string
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast, Qwen3Config
+
+from ..generation.configuration import DiffusionGenerationConfig
+
+SPECIAL_TOKENS = ("[PAD]", "[BOS]", "[EOS]", "[MASK]", "[UNK]")
+
+
+class DemoTask(ABC):
+    """A generated task family: prompts, the set of valid answers of each prompt, and a tokenizer.
+
+    Subclasses set the class attributes and implement :meth:`_draw_prompt` and :meth:`_valid_answers`; prompts
+    and answers are strings of whitespace-separated tokens.
+    """
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    words: ClassVar[tuple[str, ...]]  # every token of the task (beyond the special tokens)
+    prompt_length: ClassVar[int]
+    answer_length: ClassVar[int] = 8
+    block_length: ClassVar[int] = 8
+
+    @abstractmethod
+    def _draw_prompt(self, rng: random.Random) -> list[str]:
+        """The tokens of one random prompt."""
+
+    @abstractmethod
+    def _valid_answers(self, prompt: list[str]) -> list[tuple[str, ...]]:
+        """Every valid answer of a prompt, as token tuples (each ``answer_length`` long)."""
+
+    def _split_prompt(self, prompt: str) -> list[str]:
+        tokens = prompt.split()
+        unknown = [t for t in tokens if t not in self.words]
+        if len(tokens) != self.prompt_length or unknown:
+            raise ValueError(
+                f"{prompt!r} is not a {self.name} prompt: expected {self.prompt_length} tokens out of the task's "
+                f"words, got {len(tokens)} tokens" + (f" and unknown ones {unknown}" if unknown else "")
+            )
+        return tokens
+
+    def valid_answers(self, prompt: str) -> list[str]:
+        """All valid answers of ``prompt`` (whitespace-separated tokens), in a fixed order."""
+        return [" ".join(answer) for answer in self._valid_answers(self._split_prompt(prompt))]
+
+    def is_valid(self, prompt: str, completion: str) -> bool:
+        """Exact-match validity: ``completion`` (tokens separated by whitespace) is one of the valid answers."""
+        return tuple(completion.split()) in self._valid_answers(self._split_prompt(prompt))
+
+    def sample(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
+        """``n`` rows ``{"id", "prompt", "answer"}``; the answer is drawn uniformly among the valid ones.
+
+        Deterministic given ``(n, seed)``, and the first ``m`` rows of ``sample(n, seed)`` are ``sample(m, seed)``.
+        """
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        rng = random.Random(f"{self.name}:{seed}")  # str seeds are hashed with sha512: stable across runs
+        rows = []
+        for i in range(n):
+            prompt = self._draw_prompt(rng)
+            answer = rng.choice(self._valid_answers(prompt))
+            rows.append(
+                {"id": f"{self.name}-{seed}-{i}", "prompt": " ".join(prompt), "answer": " ".join(answer)}
+            )
+        return rows
+
+    def tokenizer(self) -> PreTrainedTokenizerFast:
+        """A word-level tokenizer over the special tokens (ids 0-4) and the task's words; left padding."""
+        vocab = {token: i for i, token in enumerate((*SPECIAL_TOKENS, *self.words))}
+        backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+        backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        return PreTrainedTokenizerFast(
+            tokenizer_object=backend,
+            pad_token="[PAD]",
+            bos_token="[BOS]",
+            eos_token="[EOS]",
+            mask_token="[MASK]",
+            unk_token="[UNK]",
+            padding_side="left",
+        )
+
+    @property
+    def vocab_size(self) -> int:
+        return len(SPECIAL_TOKENS) + len(self.words)
+
+    def generation_config(self, tokens_per_step: int = 1, **overrides: Any) -> DiffusionGenerationConfig:
+        """Greedy low-confidence decoding of one answer with ``tokens_per_step`` tokens per step (TokPS)."""
+        values: dict[str, Any] = dict(
+            max_new_tokens=self.answer_length,
+            block_length=self.block_length,
+            tokens_per_step=tokens_per_step,
+            temperature=0.0,
+            remasking="low_confidence",
+        )
+        values.update(overrides)
+        return DiffusionGenerationConfig(**values)
+
+
+class Sort2(DemoTask):
+    name = "sort2"
+    description = "8 distinct letters out of 16; answer: sorted ascending or descending (2 valid answers)"
+    letters: ClassVar[tuple[str, ...]] = tuple(string.ascii_lowercase[:16])
+    words = (*letters, "=")
+    prompt_length = 9  # 8 letters and "="
+
+    def _draw_prompt(self, rng: random.Random) -> list[str]:
+        return [*rng.sample(self.letters, 8), "="]
+
+    def _valid_answers(self, prompt: list[str]) -> list[tuple[str, ...]]:
+        ascending = tuple(sorted(prompt[:-1]))
+        return [ascending, ascending[::-1]]
+
+
+class Words(DemoTask):
+    name = "words"
+    description = "two categories; answer: a 4-letter word of each, spelled out (36 valid answers, 2 blocks)"
+    categories: ClassVar[dict[str, tuple[str, ...]]] = {
+        "animal": ("bear", "wolf", "lion", "deer", "frog", "duck"),
+        "color": ("blue", "gray", "pink", "gold", "teal", "navy"),
+        "food": ("rice", "corn", "bean", "pear", "plum", "lime"),
+        "tool": ("rake", "hose", "file", "pick", "vise", "plow"),
+    }
+    words = (
+        *categories,
+        "=",
+        *sorted({letter for group in categories.values() for word in group for letter in word}),
+    )
+    prompt_length = 3  # two categories and "="
+    block_length = 4
+
+    def _draw_prompt(self, rng: random.Random) -> list[str]:
+        return [rng.choice(list(self.categories)), rng.choice(list(self.categories)), "="]
+
+    def _valid_answers(self, prompt: list[str]) -> list[tuple[str, ...]]:
+        first, second = self.categories.get(prompt[0]), self.categories.get(prompt[1])
+        if first is None or second is None or prompt[2] != "=":
+            raise ValueError(
+                f"{' '.join(prompt)!r} is not a words prompt: expected '<category> <category> ='"
+            )
+        return [(*a, *b) for a, b in itertools.product(first, second)]
+
+
+class Add(DemoTask):
+    name = "add"
+    description = "a two-digit plus a one-digit number; answer: the sum with the operands in either order"
+    digits: ClassVar[tuple[str, ...]] = tuple(string.digits)
+    words = (*digits, "add", "and", "+", "=")
+    prompt_length = 5  # add a a and b
+
+    def _draw_prompt(self, rng: random.Random) -> list[str]:
+        return ["add", *str(rng.randint(10, 99)), "and", str(rng.randint(0, 9))]
+
+    def _valid_answers(self, prompt: list[str]) -> list[tuple[str, ...]]:
+        if (
+            prompt[0] != "add"
+            or prompt[3] != "and"
+            or not all(t in self.digits for t in (*prompt[1:3], prompt[4]))
+        ):
+            raise ValueError(f"{' '.join(prompt)!r} is not an add prompt: expected 'add <d> <d> and <d>'")
+        a, b = prompt[1:3], prompt[4:5]
+        total = tuple(f"{int(''.join(a)) + int(b[0]):03d}")
+        return [(*a, "+", *b, "=", *total), (*b, "+", *a, "=", *total)]
+
+
+DEMO_TASKS: dict[str, DemoTask] = {task.name: task for task in (Sort2(), Words(), Add())}
+
+
+def get_task(name: str) -> DemoTask:
+    """The demo task family called ``name`` (see ``DEMO_TASKS``)."""
+    if name not in DEMO_TASKS:
+        raise ValueError(f"unknown demo task {name!r}; available: {sorted(DEMO_TASKS)}")
+    return DEMO_TASKS[name]
+
+
+def teacher_config(task: DemoTask | str, **overrides: Any) -> Qwen3Config:
+    """The tiny bidirectional Qwen3 of the demo teacher (hidden 128, 4 layers, ~0.9M parameters).
+
+    The vocabulary is the task tokenizer's; ``overrides`` replace any ``Qwen3Config`` field.
+    """
+    task = get_task(task) if isinstance(task, str) else task
+    values: dict[str, Any] = dict(
+        vocab_size=task.vocab_size,
+        hidden_size=128,
+        intermediate_size=448,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        head_dim=32,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+        is_causal=False,  # run bidirectionally; the diffusion forward passes explicit float masks anyway
+        pad_token_id=SPECIAL_TOKENS.index("[PAD]"),
+        bos_token_id=SPECIAL_TOKENS.index("[BOS]"),
+        eos_token_id=SPECIAL_TOKENS.index("[EOS]"),
+    )
+    values.update(overrides)
+    return Qwen3Config(**values)
+
+
+def build_teacher(task: DemoTask | str, seed: int = 0, **overrides: Any) -> Any:
+    """A randomly initialised demo teacher for ``task``, ready for ``diffusion_generate`` and MDLM training.
+
+    Its config carries the diffusion description (bidirectional, the task's ``[MASK]``) and the task's
+    one-token-per-step decoding defaults, so ``save_pretrained`` gives a checkpoint that loads with
+    ``AutoModelForDiffusionLM.from_pretrained``.
+    """
+    import torch
+
+    from ..models.auto import AutoModelForDiffusionLM
+    from ..models.diffusion_config import DiffusionConfig
+
+    task = get_task(task) if isinstance(task, str) else task
+    torch.manual_seed(seed)
+    return AutoModelForDiffusionLM.from_config(
+        teacher_config(task, **overrides),
+        diffusion_config=DiffusionConfig(mask_token_id=SPECIAL_TOKENS.index("[MASK]")),
+        generation_config=task.generation_config(),
+    )

@@ -1,0 +1,130 @@
+"""The embedded demo task families: deterministic generation, exact-match validity, tokenizers, teacher."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from t3d_trl import AutoModelForDiffusionLM
+from t3d_trl.demo import DEMO_TASKS, build_teacher, get_task, teacher_config
+
+
+def test_registry_has_three_families_and_names_unknown_ones():
+    assert {"sort2", "words", "add"} <= set(DEMO_TASKS)
+    with pytest.raises(ValueError, match="unknown demo task 'nope'.*sort2"):
+        get_task("nope")
+
+
+@pytest.mark.parametrize("name", sorted(DEMO_TASKS))
+def test_sampling_is_deterministic_with_fixed_lengths_and_valid_answers(name):
+    task = get_task(name)
+    rows = task.sample(50, seed=3)
+    assert rows == task.sample(50, seed=3)
+    assert rows[:10] == task.sample(10, seed=3)
+    assert rows != task.sample(50, seed=4)
+    assert len({row["id"] for row in rows}) == 50
+    for row in rows:
+        assert len(row["prompt"].split()) == task.prompt_length
+        assert len(row["answer"].split()) == task.answer_length
+        assert task.is_valid(row["prompt"], row["answer"])
+    assert task.answer_length % task.block_length == 0
+    # Several valid answers per prompt, and the sampled answers use more than one of them.
+    assert all(len(task.valid_answers(row["prompt"])) >= 2 for row in rows)
+    assert len({task.valid_answers(row["prompt"]).index(row["answer"]) for row in rows}) >= 2
+
+
+def test_sort2_accepts_both_orders_and_rejects_near_misses():
+    task = get_task("sort2")
+    prompt = "h c a p e b k f ="
+    assert task.valid_answers(prompt) == ["a b c e f h k p", "p k h f e c b a"]
+    for completion in ("a b c e f h k p", "p k h f e c b a", " a  b c e f h k p "):
+        assert task.is_valid(prompt, completion)
+    near_misses = [
+        "a b c e f h p k",  # two letters swapped
+        "a b c e f h k",  # one short
+        "a b c e f h k p p",  # one long
+        "a b c d f h k p",  # a letter not in the prompt
+        "a b c e e h k p",  # a letter twice (mode mixing of the two orders)
+        "p k h f e c a b",  # descending but for the last pair
+        "p b c e f h k a",  # mixture of ascending and descending
+    ]
+    for completion in near_misses:
+        assert not task.is_valid(prompt, completion), completion
+
+
+def test_words_accepts_every_pair_of_words_and_rejects_mixtures():
+    task = get_task("words")
+    prompt = "animal color ="
+    valid = task.valid_answers(prompt)
+    assert len(valid) == 36
+    assert "b e a r b l u e" in valid and "d u c k n a v y" in valid
+    assert all(task.is_valid(prompt, answer) for answer in valid)
+    for completion in (
+        "b e a r b l u e b",  # too long
+        "b l u e b e a r",  # categories swapped
+        "b e e r b l u e",  # letters of bear and deer mixed
+        "b e a r g r u e",  # letters of gray and blue mixed
+        "w o l f w o l f",  # a second animal instead of a color
+    ):
+        assert not task.is_valid(prompt, completion), completion
+
+
+def test_add_accepts_both_operand_orders_with_the_right_sum():
+    task = get_task("add")
+    prompt = "add 4 7 and 8"
+    assert task.valid_answers(prompt) == ["4 7 + 8 = 0 5 5", "8 + 4 7 = 0 5 5"]
+    for completion in ("4 7 + 8 = 0 5 6", "8 + 4 7 = 5 5 0", "4 7 + 4 7 = 0 5 5", "8 + 8 + 7 = 0 5 5"):
+        assert not task.is_valid(prompt, completion), completion
+    assert task.valid_answers("add 9 9 and 9")[0] == "9 9 + 9 = 1 0 8"
+
+
+@pytest.mark.parametrize("name", sorted(DEMO_TASKS))
+def test_malformed_prompts_raise_naming_the_prompt(name):
+    task = get_task(name)
+    with pytest.raises(ValueError, match="is not a"):
+        task.is_valid("zzz", "a")
+
+
+@pytest.mark.parametrize("name", sorted(DEMO_TASKS))
+def test_tokenizer_round_trip_and_specials(name, tmp_path):
+    task = get_task(name)
+    tokenizer = task.tokenizer()
+    assert len(tokenizer) == task.vocab_size <= 64
+    assert [tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.mask_token_id] == [0, 2, 3]
+    assert tokenizer.padding_side == "left"
+    for row in task.sample(20, seed=0):
+        ids = tokenizer(row["prompt"] + " " + row["answer"])["input_ids"]
+        assert len(ids) == task.prompt_length + task.answer_length  # one token per word, nothing added
+        assert tokenizer.unk_token_id not in ids
+        assert tokenizer.decode(ids) == row["prompt"] + " " + row["answer"]
+    tokenizer.save_pretrained(tmp_path)
+    from transformers import AutoTokenizer
+
+    reloaded = AutoTokenizer.from_pretrained(tmp_path)
+    assert reloaded.get_vocab() == tokenizer.get_vocab() and reloaded.padding_side == "left"
+    batch = reloaded(["a", row["prompt"]], padding=True)
+    assert batch["attention_mask"][0][0] == 0  # left padding
+
+
+def test_teacher_is_the_tiny_bidirectional_qwen3_and_round_trips(tmp_path):
+    task = get_task("sort2")
+    config = teacher_config(task)
+    assert (config.hidden_size, config.num_hidden_layers, config.vocab_size) == (128, 4, task.vocab_size)
+    model = build_teacher(task, seed=0)
+    params = sum(p.numel() for p in model.parameters())
+    assert 0.8e6 < params < 1.1e6
+    assert model.diffusion_config.mask_token_id == task.tokenizer().mask_token_id
+    assert model.diffusion_config.attention == "bidirectional"
+    assert model.diffusion_generation_config.max_new_tokens == task.answer_length
+    assert torch.equal(build_teacher(task, seed=0).lm_head.weight, model.lm_head.weight)
+    model.save_pretrained(tmp_path)
+    reloaded = AutoModelForDiffusionLM.from_pretrained(str(tmp_path))
+    assert reloaded.diffusion_generation_config == model.diffusion_generation_config
+    assert torch.equal(reloaded.lm_head.weight, model.lm_head.weight)
+
+
+def test_generation_config_budget():
+    task = get_task("words")
+    config = task.generation_config(tokens_per_step=2)
+    assert config.resolve(None) == (4, 2)  # two blocks of 4 tokens, 2 steps per block
+    assert get_task("sort2").generation_config(tokens_per_step=4).resolve(None) == (8, 2)
