@@ -264,10 +264,12 @@ def _process_group() -> tuple[int, int, Any]:
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        from accelerate import PartialState
-
-        # Under `accelerate launch` / `torchrun`: set up the process group (gloo on CPU-only machines).
-        PartialState(cpu=not torch.cuda.is_available())
+        # Under `accelerate launch` / `torchrun`: join the launcher's group (env:// rendezvous). Done here
+        # rather than through accelerate's PartialState, a process-wide singleton that may already hold a
+        # one-process state (a forked worker inherits it).
+        dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size(), dist.barrier
     return 0, 1, lambda: None
@@ -285,9 +287,7 @@ def _resolve_model(
         name = model
         model = AutoModelForDiffusionLM.from_pretrained(name, revision=revision, **model_kwargs)
         if torch.cuda.is_available() and "device_map" not in model_kwargs:
-            from accelerate import PartialState
-
-            model.to(PartialState().device)
+            model.to(torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))))
         if tokenizer is None:
             tokenizer = AutoTokenizer.from_pretrained(name, revision=revision)
     if tokenizer is None:
