@@ -1,0 +1,42 @@
+"""The CPU demo (``t3d-trl quickstart``) end to end in its ``--fast`` variant."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from t3d_trl.cli.main import main
+from t3d_trl.demo.quickstart import QuickstartConfig
+
+
+def test_quickstart_fast_runs_every_stage(tmp_path, capsys):
+    out = tmp_path / "demo"
+    argv = ["quickstart", "--fast", "--output_dir", str(out), "--methods", "t3d", "td", "--threads", "1"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "| teacher |" in printed and "| t3d |" in printed and "| td |" in printed
+    results = json.loads((out / "results.json").read_text())
+    assert set(results["accuracy"]) == {"teacher", "t3d", "td"}
+    labels = {"block8-tokps1", "block8-tokps2", "block8-tokps4", "block8-threshold0.9"}
+    for accuracy in results["accuracy"].values():
+        assert set(accuracy) == labels
+        assert all(0.0 <= value <= 1.0 for value in accuracy.values())
+    assert set(results["total_correlation_by_jump"]) == {"teacher", "t3d", "td"}
+    # Every stage left its artefacts: trajectories, students, evaluation table and plots, TC figures.
+    for path in ("trajectories", "t3d/config.json", "td/config.json", "eval/table.md", "tc_heatmap.png"):
+        assert (out / path).exists(), path
+    assert results["num_trajectories"] == 256
+
+
+def test_quickstart_help_documents_every_option(capsys):
+    with pytest.raises(SystemExit):
+        main(["quickstart", "--help"])
+    text = capsys.readouterr().out
+    for name in QuickstartConfig.__dataclass_fields__:
+        assert f"--{name}" in text, name
+
+
+def test_quickstart_rejects_unknown_methods():
+    with pytest.raises(ValueError, match=r"unknown methods \['sft'\]"):
+        QuickstartConfig(methods=["t3d", "sft"])
