@@ -8,7 +8,7 @@ student and the evaluation all see exactly the same prompt text.
 from __future__ import annotations
 
 import string
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 MATH_PROMPT = (
@@ -55,3 +55,17 @@ def render_prompt(tokenizer: Any, user_message: str, use_chat_template: bool = T
             [{"role": "user", "content": user_message}], tokenize=False, add_generation_prompt=True
         )
     return user_message
+
+
+def encode_prompts(
+    tokenizer: Any, messages: Sequence[str], use_chat_template: bool = True
+) -> tuple[list[str], list[list[int]]]:
+    """The exact prompt texts and their token ids, the one rule shared by collection and evaluation.
+
+    A chat-template rendering already holds the special tokens it needs (BOS), so nothing is added to it; a
+    raw message gets the tokenizer's usual special tokens, as in pre-training.
+    """
+    chat = use_chat_template and bool(getattr(tokenizer, "chat_template", None))
+    texts = [render_prompt(tokenizer, message, chat) for message in messages]
+    ids = tokenizer(texts, add_special_tokens=not chat)["input_ids"] if texts else []
+    return texts, [list(row) for row in ids]

@@ -25,10 +25,12 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+
+from ..utils import dataclass_from_dict
 
 logger = logging.getLogger(__name__)
 
@@ -97,11 +99,7 @@ class TrajectoryMetadata:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrajectoryMetadata:
-        known = {f.name for f in fields(cls)}
-        unknown = set(data) - known
-        if unknown:
-            raise ValueError(f"unknown trajectory metadata keys: {sorted(unknown)}")
-        return cls(**data)
+        return dataclass_from_dict(cls, data, "trajectory metadata")
 
     @classmethod
     def from_dataset(cls, dataset: Any) -> TrajectoryMetadata | None:

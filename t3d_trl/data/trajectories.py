@@ -37,8 +37,8 @@ import torch
 from tqdm.auto import tqdm
 
 from ..generation.configuration import DiffusionGenerationConfig
-from ..generation.sampler import eos_token_ids
-from .prompts import format_user_message, render_prompt
+from ..generation.sampler import eos_token_ids, left_pad
+from .prompts import encode_prompts, format_user_message
 from .schema import TRAJECTORY_COLUMNS, TrajectoryMetadata, validate_trajectories
 
 logger = logging.getLogger(__name__)
@@ -109,11 +109,10 @@ def build_prompts(
     for index, row in enumerate(tqdm(dataset, desc="tokenising prompts", unit="prompt", leave=False)):
         if chat_column is not None:
             text = tokenizer.apply_chat_template(row[chat_column], tokenize=False, add_generation_prompt=True)
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]  # the template holds its specials
         else:
-            text = render_prompt(
-                tokenizer, _user_message(row, prompt_template, prompt_column), use_chat_template
-            )
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            message = _user_message(row, prompt_template, prompt_column)
+            [text], [ids] = encode_prompts(tokenizer, [message], use_chat_template)
         if max_prompt_length is not None and len(ids) > max_prompt_length:
             skipped += 1
             continue
@@ -156,17 +155,6 @@ def cut_at_eos(
     return list(tokens), list(steps), False
 
 
-def _left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(r) for r in rows)
-    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        if r:
-            input_ids[i, width - len(r) :] = torch.tensor(r)
-            attention_mask[i, width - len(r) :] = 1
-    return input_ids, attention_mask
-
-
 def _generate_batch(
     model: Any,
     tokenizer: Any,
@@ -176,7 +164,7 @@ def _generate_batch(
     pad_id: int,
 ) -> list[dict[str, Any]]:
     device = next(model.parameters()).device
-    input_ids, attention_mask = _left_pad([p.prompt_ids for p in batch], pad_id)
+    input_ids, attention_mask = left_pad([p.prompt_ids for p in batch], pad_id)
     generator = torch.Generator(device=device).manual_seed(batch_seed(seed, [p.id for p in batch]))
     out = model.diffusion_generate(
         input_ids.to(device), attention_mask.to(device), generation_config=config, generator=generator

@@ -37,9 +37,9 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from ..data.prompts import render_prompt
+from ..data.prompts import encode_prompts
 from ..generation.configuration import DiffusionGenerationConfig
-from ..generation.sampler import eos_token_ids
+from ..generation.sampler import eos_token_ids, left_pad
 from .benchmarks import Benchmark, get_benchmark
 from .metrics import mean_std, pass_at_k_from_records, summarize_records
 
@@ -101,29 +101,6 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _encode(
-    tokenizer: Any, messages: Sequence[str], use_chat_template: bool
-) -> tuple[list[str], list[list[int]]]:
-    chat = use_chat_template and bool(getattr(tokenizer, "chat_template", None))
-    prompts = [render_prompt(tokenizer, message, chat) for message in messages]
-    # A rendered chat template already holds the special tokens (BOS) it needs.
-    ids = tokenizer(prompts, add_special_tokens=not chat)["input_ids"]
-    return prompts, [list(row) for row in ids]
-
-
-def _left_pad(
-    rows: Sequence[list[int]], pad_id: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(row) for row in rows)
-    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, row in enumerate(rows):
-        if row:
-            input_ids[i, width - len(row) :] = torch.tensor(row)
-            attention_mask[i, width - len(row) :] = 1
-    return input_ids.to(device), attention_mask.to(device)
-
-
 def generate_completions(
     model: torch.nn.Module,
     tokenizer: Any,
@@ -163,14 +140,14 @@ def generate_completions(
     device = _device(model)
     eos = torch.tensor(eos_token_ids(model, config), dtype=torch.long, device=device)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else int(eos[0]) if len(eos) else 0
-    prompts, ids = _encode(tokenizer, messages, use_chat_template)
+    prompts, ids = encode_prompts(tokenizer, messages, use_chat_template)
     n = len(prompts)
     completions, num_tokens, nfe, finished, latency = [""] * n, [0] * n, [0] * n, [False] * n, [0.0] * n
     order = sorted(range(n), key=lambda i: -len(ids[i]))
     with tqdm(total=n, desc=desc, unit="sample", disable=not progress, leave=False) as bar:
         for start in range(0, n, batch_size):
             batch = order[start : start + batch_size]
-            input_ids, attention_mask = _left_pad([ids[i] for i in batch], pad_id, device)
+            input_ids, attention_mask = (t.to(device) for t in left_pad([ids[i] for i in batch], pad_id))
             _synchronize(device)
             began = time.perf_counter()
             out = model.diffusion_generate(

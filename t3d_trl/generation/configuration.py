@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Literal
 
+from ..utils import dataclass_from_dict
+
 CONFIG_KEY = "diffusion_generation"
 REMASKING = ("low_confidence", "random", "entropy", "margin")
 DYNAMIC_RULES = ("threshold", "threshold_topup")
@@ -149,11 +151,7 @@ class DiffusionGenerationConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DiffusionGenerationConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = set(data) - known
-        if unknown:
-            raise ValueError(f"unknown keys in diffusion generation config: {sorted(unknown)}")
-        return cls(**data)
+        return dataclass_from_dict(cls, data, "diffusion generation config")
 
     @classmethod
     def from_model_config(cls, config: Any) -> DiffusionGenerationConfig:

@@ -24,6 +24,7 @@ decoding (``threshold``) counts its steps per row instead.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -64,6 +65,19 @@ class _Canvas:
     gen_index: torch.Tensor  # [B, G] canvas index of each generated position
     blocks: list[tuple[int, int]]  # canvas [start, end) of each decoding block
     prefix: int  # block-causal: canvas positions before the first decoding block (whole prompt blocks)
+
+
+def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Batch prompts of different lengths the way the sampler wants them: ``(input_ids, attention_mask)``,
+    both ``[B, longest]``, padding on the left."""
+    width = max(len(row) for row in rows)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        if len(row):
+            input_ids[i, width - len(row) :] = torch.as_tensor(row)
+            attention_mask[i, width - len(row) :] = 1
+    return input_ids, attention_mask
 
 
 def _check_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:

@@ -8,8 +8,10 @@ its logits are shifted by one position (Dream). It is stored in the model's ``co
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any, Literal
+
+from ..utils import dataclass_from_dict
 
 CONFIG_KEY = "diffusion"
 ATTENTION_KINDS = ("bidirectional", "block_causal")
@@ -60,11 +62,7 @@ class DiffusionConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DiffusionConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = set(data) - known
-        if unknown:
-            raise ValueError(f"unknown keys in diffusion config: {sorted(unknown)} (known: {sorted(known)})")
-        return cls(**data)
+        return dataclass_from_dict(cls, data, "diffusion config")
 
     @classmethod
     def from_model_config(cls, config: Any) -> DiffusionConfig | None:
