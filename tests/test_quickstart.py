@@ -40,3 +40,23 @@ def test_quickstart_help_documents_every_option(capsys):
 def test_quickstart_rejects_unknown_methods():
     with pytest.raises(ValueError, match=r"unknown methods \['sft'\]"):
         QuickstartConfig(methods=["t3d", "sft"])
+
+
+def test_packaged_teacher_tc_rises_with_the_jump(tmp_path):
+    """The paper's Figure 2 claim on the demo teacher: factorization error grows with the decoding interval."""
+    from t3d_trl.analysis import TotalCorrelationConfig, total_correlation
+    from t3d_trl.demo.quickstart import PACKAGED_TEACHERS, collect
+    from t3d_trl.demo.tasks import get_task
+    from t3d_trl.models.auto import AutoModelForDiffusionLM
+
+    task = get_task("sort2")
+    teacher = AutoModelForDiffusionLM.from_pretrained(PACKAGED_TEACHERS / "sort2").eval()
+    config = QuickstartConfig(num_trajectories=48, seed=0)
+    trajectories = collect(teacher, task, task.sample(48, seed=0), config, tmp_path)
+    result = total_correlation(
+        teacher, trajectories, config=TotalCorrelationConfig(num_samples=8, seed=0), progress=False
+    )
+    tc = {row["jump"]: row["tc"] for row in result.by_jump}
+    assert tc[1] == 0.0  # one token per step: nothing to factorize
+    assert tc[2] < tc[4] < tc[8]
+    assert tc[8] > 1.0  # a one-step jump over the whole block mixes the two sorting orders

@@ -58,23 +58,23 @@ class QuickstartConfig:
     teacher_learning_rate: float = field(
         default=2e-3, metadata={"help": "Teacher pre-training learning rate."}
     )
-    num_trajectories: int = field(default=8000, metadata={"help": "Training prompts decoded by the teacher."})
-    distill_steps: int = field(default=500, metadata={"help": "Optimizer steps of every method."})
-    batch_size: int = field(default=256, metadata={"help": "Training batch size (teacher and students)."})
+    num_trajectories: int = field(default=4000, metadata={"help": "Training prompts decoded by the teacher."})
+    distill_steps: int = field(default=400, metadata={"help": "Optimizer steps of every method."})
+    batch_size: int = field(default=128, metadata={"help": "Training batch size (teacher and students)."})
     learning_rate: float = field(default=1e-3, metadata={"help": "Distillation learning rate."})
     tokens_per_step: int = field(
         default=4, metadata={"help": "Student budget (TokPS) used for path weights."}
     )
     beta: float = field(default=1.0, metadata={"help": "DDO beta (paper: 0.1)."})
     fake_weight: float = field(default=0.5, metadata={"help": "DDO fake-term weight alpha (paper: 0.5)."})
-    lambda_path: float = field(default=1.0, metadata={"help": "Path-consistency weight (paper: 0.2)."})
+    lambda_path: float = field(default=3.0, metadata={"help": "Path-consistency weight (paper: 0.2)."})
     ref_sync_steps: int = field(default=10, metadata={"help": "Reference refresh period (paper: 10)."})
     num_eval: int = field(default=1000, metadata={"help": "Held-out prompts per evaluation."})
     eval_tokens_per_step: list[int] = field(
         default_factory=lambda: [1, 2, 4], metadata={"help": "Static budgets evaluated (TokPS)."}
     )
     threshold: float = field(default=0.9, metadata={"help": "Dynamic decoding threshold evaluated."})
-    analysis_prompts: int = field(default=128, metadata={"help": "Trajectories used by the TC analysis."})
+    analysis_prompts: int = field(default=64, metadata={"help": "Trajectories used by the TC analysis."})
     analysis_samples: int = field(default=16, metadata={"help": "Monte Carlo samples per TC state."})
     threads: int | None = field(default=None, metadata={"help": "torch threads (default: all cores)."})
     fast: bool = field(default=False, metadata={"help": "Tiny budgets: a smoke run of every stage."})
