@@ -8,7 +8,7 @@ from conftest import build_bidirectional_model, build_block_causal_model, build_
 
 from t3d_trl import DiffusionGenerationConfig
 from t3d_trl.generation.remasking import select_dynamic, select_static, transfer_schedule
-from t3d_trl.generation.sampler import _layout, _Runner
+from t3d_trl.generation.sampler import BlockRunner, layout_canvas
 
 BUILDERS = {
     "bidirectional": build_bidirectional_model,
@@ -111,9 +111,9 @@ def test_block_kv_cache_matches_no_cache_reference(tokenizer, block_length):
     assert torch.equal(cached, reference)
 
     # Logits of every denoising step agree within float tolerance along a shared trajectory.
-    canvas = _layout(input_ids, attention_mask.bool(), model.diffusion_config, block_length, 16, 0)
-    with_cache = _Runner(model, model.diffusion_config, canvas, use_cache=True)
-    without = _Runner(model, model.diffusion_config, canvas, use_cache=False)
+    canvas = layout_canvas(input_ids, attention_mask.bool(), model.diffusion_config, block_length, 16, 0)
+    with_cache = BlockRunner(model, model.diffusion_config, canvas, use_cache=True)
+    without = BlockRunner(model, model.diffusion_config, canvas, use_cache=False)
     x = canvas.tokens.clone()
     generator = torch.Generator().manual_seed(0)
     mask_id = tokenizer.mask_token_id

@@ -38,7 +38,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..data.schema import TrajectoryMetadata
-from ..generation.sampler import _Canvas, _layout, _Runner
+from ..generation.sampler import BlockRunner, Canvas, layout_canvas
 from ..models.forward import unwrap_model
 
 
@@ -183,7 +183,7 @@ def _prepare(
     metadata: TrajectoryMetadata,
     diffusion: Any,
     pad_id: int,
-) -> tuple[_Canvas, list[_Block]]:
+) -> tuple[Canvas, list[_Block]]:
     """Lay out the rows' canvases like ``diffusion_generate``, clean completions written in, and their blocks.
 
     ``pairs`` holds ``(index into rows, block)``. Positions after a completion stay masked.
@@ -195,7 +195,9 @@ def _prepare(
     for i, prompt in enumerate(prompts):
         input_ids[i, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
         valid[i, width - len(prompt) :] = True
-    canvas = _layout(input_ids, valid, diffusion, metadata.block_length, metadata.max_new_tokens, pad_id)
+    canvas = layout_canvas(
+        input_ids, valid, diffusion, metadata.block_length, metadata.max_new_tokens, pad_id
+    )
     for i, row in enumerate(rows):
         completion, steps = list(row["completion_ids"]), list(row["decode_step"])
         if len(completion) != len(steps) or len(completion) > metadata.max_new_tokens:
@@ -214,7 +216,7 @@ def _prepare(
 
 
 def _states(
-    canvas: _Canvas, blocks: Sequence[_Block], mask_id: int
+    canvas: Canvas, blocks: Sequence[_Block], mask_id: int
 ) -> tuple[torch.Tensor, list[tuple[int, int]]]:
     """Canvases of every state ``x_t`` of ``blocks``; returns ``[M, L]`` tokens and ``(block index, t)`` per state.
 
@@ -236,13 +238,13 @@ def _states(
 
 
 def _block_log_probs(
-    model: Any, diffusion: Any, canvas: _Canvas, rows: torch.Tensor, tokens: torch.Tensor, block: int
+    model: Any, diffusion: Any, canvas: Canvas, rows: torch.Tensor, tokens: torch.Tensor, block: int
 ) -> torch.Tensor:
     """Float32 log-probabilities ``[N, block_length, V]`` of block ``block`` for canvases ``tokens`` of ``rows``.
 
     The mask token is excluded (a decoder that committed it would leave the position masked).
     """
-    sub = _Canvas(
+    sub = Canvas(
         tokens,
         canvas.valid[rows],
         canvas.position_ids[rows],
@@ -251,7 +253,7 @@ def _block_log_probs(
         canvas.prefix,
     )
     start, end = canvas.blocks[block]
-    logits = _Runner(model, diffusion, sub, use_cache=False).block_logits(tokens, start, end).float()
+    logits = BlockRunner(model, diffusion, sub, use_cache=False).block_logits(tokens, start, end).float()
     logits[..., diffusion.mask_token_id] = float("-inf")
     return logits.log_softmax(-1)
 
@@ -259,7 +261,7 @@ def _block_log_probs(
 def _run_chains(
     model: Any,
     diffusion: Any,
-    canvas: _Canvas,
+    canvas: Canvas,
     block: int,
     rows: torch.Tensor,
     tokens0: torch.Tensor,
@@ -355,7 +357,7 @@ def total_correlation(
     pad_id = pad_id if pad_id is not None else (metadata.eos_token_ids or [0])[0]
     canvas, blocks = _prepare(rows, [(local[i], b) for i, b in pairs], metadata, diffusion, pad_id)
     device = next(model.parameters()).device
-    canvas = _Canvas(
+    canvas = Canvas(
         canvas.tokens.to(device),
         canvas.valid.to(device),
         canvas.position_ids.to(device),

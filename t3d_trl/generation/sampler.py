@@ -58,7 +58,10 @@ class DiffusionGenerationOutput:
 
 
 @dataclass
-class _Canvas:
+class Canvas:
+    """The decoding canvas of a batch: prompts and masked completions laid out as the sampler runs them
+    (shared with the factorization-error analyser, which rebuilds teacher states on the same layout)."""
+
     tokens: torch.Tensor  # [B, T]
     valid: torch.Tensor  # [B, T] bool: prompt or generated position
     position_ids: torch.Tensor  # [B, T]
@@ -102,14 +105,15 @@ def _check_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) 
     return valid
 
 
-def _layout(
+def layout_canvas(
     input_ids: torch.Tensor,
     valid: torch.Tensor,
     diffusion: DiffusionConfig,
     block_length: int,
     max_new_tokens: int,
     pad_id: int,
-) -> _Canvas:
+) -> Canvas:
+    """Lay left-padded prompts and ``max_new_tokens`` masks out per attention kind (see the module docstring)."""
     batch, width = input_ids.shape
     device = input_ids.device
     lengths = valid.sum(-1)
@@ -119,7 +123,7 @@ def _layout(
         full_valid = torch.cat([valid, valid.new_ones((batch, max_new_tokens))], dim=1)
         gen_index = torch.arange(width, width + max_new_tokens, device=device).expand(batch, -1)
         blocks = [(s, s + block_length) for s in range(width, width + max_new_tokens, block_length)]
-        return _Canvas(tokens, full_valid, position_ids_from_valid(full_valid), gen_index, blocks, 0)
+        return Canvas(tokens, full_valid, position_ids_from_valid(full_valid), gen_index, blocks, 0)
 
     tails = lengths % block_length
     prefix = int((lengths - tails).max())
@@ -138,7 +142,7 @@ def _layout(
     position_ids = offset.clamp_min(0) * full_valid
     gen_index = (starts + lengths).unsqueeze(1) + torch.arange(max_new_tokens, device=device).unsqueeze(0)
     blocks = [(s, s + block_length) for s in range(prefix, total, block_length)]
-    return _Canvas(tokens, full_valid, position_ids, gen_index, blocks, prefix)
+    return Canvas(tokens, full_valid, position_ids, gen_index, blocks, prefix)
 
 
 def eos_token_ids(model: torch.nn.Module, config: DiffusionGenerationConfig) -> list[int]:
@@ -189,8 +193,8 @@ def diffusion_generate(
     if pad_id is None:
         pad_id = eos_ids[0] if eos_ids else (getattr(model.config, "pad_token_id", None) or 0)
 
-    canvas = _layout(input_ids, valid, diffusion, block_length, config.max_new_tokens, pad_id)
-    runner = _Runner(model, diffusion, canvas, config.use_cache)
+    canvas = layout_canvas(input_ids, valid, diffusion, block_length, config.max_new_tokens, pad_id)
+    runner = BlockRunner(model, diffusion, canvas, config.use_cache)
     x = canvas.tokens
     batch, total = x.shape
     mask_id = diffusion.mask_token_id
@@ -270,18 +274,15 @@ def _finished(
     return has_eos & ~pending_before
 
 
-class _Runner:
+class BlockRunner:
     """Runs the model for one denoising step of a block, managing the block KV cache when there is one."""
 
-    def __init__(self, model: torch.nn.Module, diffusion: DiffusionConfig, canvas: _Canvas, use_cache: bool):
+    def __init__(self, model: torch.nn.Module, diffusion: DiffusionConfig, canvas: Canvas, use_cache: bool):
         self.model = model
         self.diffusion = diffusion
         self.canvas = canvas
-        self.dtype = (
-            next(model.parameters()).dtype if any(True for _ in model.parameters()) else torch.float32
-        )
-        if not self.dtype.is_floating_point:
-            self.dtype = torch.float32
+        # Masks are built in the model's compute dtype.
+        self.dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
         self.is_decoder = accepts_4d_mask(model)
         self.cached = diffusion.is_block_causal and use_cache
         block = max(end - start for start, end in canvas.blocks) if canvas.blocks else 1
