@@ -250,6 +250,18 @@ def test_random_and_semi_autoregressive_states(tokenizer):
         assert (counts[:current] == 0).all() and (counts[current + 1 :] == 4).all() and counts[current] >= 1
 
 
+def test_random_states_keep_the_mdlm_weighting_unbiased_and_bounded(tokenizer):
+    """Every state has a mask, and sum(masked / prob) estimates the number of tokens (the MDLM ELBO weight)."""
+    model = build_bidirectional_model(tokenizer)
+    rows = [{"prompt_ids": [5], "completion_ids": list(range(20, 28)), "row_index": i} for i in range(4000)]
+    batch = collate(model, tokenizer, rows, states="random")
+    mask, prob = batch["loss_mask"], batch["mask_prob"]
+    assert mask.any(-1).all()
+    # Forcing one mask at tiny t would weight it by 1/t (unbounded); the conditional redraw keeps 1/prob <= n.
+    assert (1 / prob).max() <= 8 + 1e-4
+    assert (mask / prob).sum(-1).mean().item() == pytest.approx(8, rel=0.03)
+
+
 def test_bad_rows_are_refused(tokenizer):
     model = build_bidirectional_model(tokenizer)
     with pytest.raises(ValueError, match="decode_step"):

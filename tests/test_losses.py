@@ -76,6 +76,30 @@ def test_ddo_loss_matches_the_step_ddo_equation():
     assert loss.tolist() == pytest.approx([first, 1.5 * math.log(2)])
 
 
+def test_expected_logratio_is_the_exact_fake_expectation_with_no_first_order_push():
+    torch.manual_seed(0)
+    ref = torch.randn(3, 5).log_softmax(-1)
+    student = torch.randn(3, 5).log_softmax(-1)
+    expected = losses.expected_logratio(student, ref)
+    # Monte Carlo over samples of the reference agrees; the value is -KL(p_ref || p_theta) <= 0.
+    draws = torch.distributions.Categorical(logits=ref).sample((200_000,))
+    sampled = (student.gather(-1, draws.T) - ref.gather(-1, draws.T)).mean(-1)
+    assert torch.allclose(expected, sampled, atol=0.02)
+    assert torch.allclose(expected, -(ref.exp() * (ref - student)).sum(-1)) and (expected <= 0).all()
+
+    # At p_theta = p_ref the fake term has no gradient; the argmax stand-in pushes the argmax token down.
+    logits = torch.randn(4, 6, requires_grad=True)
+    ref_logps = logits.detach().log_softmax(-1)
+    losses.expected_logratio(logits.log_softmax(-1), ref_logps).sum().backward()
+    assert logits.grad.abs().max() < 1e-6
+    logits.grad = None
+    top = ref_logps.argmax(-1, keepdim=True)
+    (logits.log_softmax(-1).gather(-1, top) - ref_logps.gather(-1, top)).sum().backward()
+    assert logits.grad.abs().max() > 0.1
+    with pytest.raises(ValueError, match="differ in shape"):
+        losses.expected_logratio(student, ref[:, :4])
+
+
 def test_ddo_loss_is_stable_for_large_ratios():
     loss = losses.ddo_loss(torch.tensor([-1e4]), torch.tensor([1e4]), beta=1.0, fake_weight=1.0)
     assert torch.isfinite(loss).all() and loss.item() == pytest.approx(2e4)

@@ -69,6 +69,7 @@ def logged(trainer, key="loss") -> list[float]:
         # TRL's defaults on a CPU: gradient checkpointing on, bf16 (CPU autocast) when asked for.
         ("t3d", "block_causal", {"gradient_checkpointing": True, "bf16": True, "use_cpu": True}),
         ("ddo", "bidirectional", {}),
+        ("ddo", "block_causal", {"fake_estimator": "expectation"}),
         ("td", "block_causal", {}),
         ("redi", "bidirectional", {}),
         ("dparallel", "block_causal", {}),
@@ -257,6 +258,7 @@ def test_prompts_over_the_limit_are_dropped_not_truncated(tokenizer, trajectorie
         ({"lambda_path": 0.0}, "use loss_type='ddo'"),
         ({"block_length": 4, "tokens_per_step": 3}, "not a multiple of tokens_per_step"),
         ({"ref_sync_steps": 0}, "ref_sync_steps"),
+        ({"fake_estimator": "sample"}, "fake_estimator must be one of"),
         ({"random_token_prob": 1.0}, "random_token_prob"),
     ],
 )
@@ -269,6 +271,7 @@ def test_config_defaults_follow_the_paper_and_work_on_cpu(tmp_path):
     args = T3DConfig(output_dir=str(tmp_path))
     assert (args.loss_type, args.beta, args.fake_weight, args.lambda_path) == ("t3d", 0.1, 0.5, 0.2)
     assert (args.path_weighting, args.ref_sync_steps, args.random_token_prob) == ("early", 10, 0.1)
+    assert args.fake_estimator == "argmax"  # the reference code's fake samples
     assert (args.max_prompt_length, args.max_completion_length, args.learning_rate) == (512, 1024, 1e-5)
     if not torch.cuda.is_available():
         assert args.bf16 is False  # TRL's bf16 default would refuse to start on a CPU-only machine

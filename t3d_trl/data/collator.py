@@ -12,7 +12,9 @@ draws ``t`` among the steps the teacher actually ran (a state with at least one 
 
 The baselines use other states: ``random`` masks each completion token with probability ``t ~ U(0, 1]`` (ReDi,
 MDLM) and ``semi_ar`` keeps the blocks before a random block clean, masks that block randomly and every later
-block fully (dParallel). Every row always has at least one masked token.
+block fully (dParallel). Every row always has at least one masked token; random states are drawn from the
+exact conditional distribution given that, and ``mask_prob`` is each position's masking probability under it, so
+the MDLM loss weighted by ``1 / mask_prob`` stays an unbiased ELBO with bounded weights.
 
 Layouts. Blocks follow the sampler: for bidirectional models they start at the end of the prompt; for
 block-causal models they are aligned to absolute position 0, so the prompt's tail shares the first block.
@@ -145,13 +147,27 @@ class DataCollatorForDiffusion:
         return steps >= threshold[groups]
 
     def _random_mask(self, groups: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-        """Per group, ``t ~ U(0, 1]`` and each token masked with probability ``t`` (at least one per group)."""
+        """Per group, ``t ~ U(0, 1]`` and each token masked with probability ``t``, conditioned on at least one mask.
+
+        A group that drew no mask is redrawn exactly from that conditional (a truncated binomial count, then that
+        many positions), not by forcing one token: forcing makes a lone mask at tiny ``t`` carry the MDLM weight
+        ``1/t``, an estimator of unbounded variance. Returns the mask and each position's masking probability
+        under the conditional, ``t / (1 - (1 - t) ** n)`` for a group of ``n`` tokens, so that weighting by its
+        inverse keeps the MDLM objective unbiased, with every weight at most ``n``.
+        """
         num_groups = int(groups.max()) + 1
+        sizes = np.bincount(groups, minlength=num_groups)
         t = 1.0 - rng.random(num_groups)
         masked = rng.random(len(groups)) < t[groups]
         for g in np.flatnonzero(np.bincount(groups, weights=masked, minlength=num_groups) == 0):
-            masked[rng.choice(np.flatnonzero(groups == g))] = True
-        return masked, t[groups]
+            k = np.arange(1, sizes[g] + 1)
+            # log P(k) - log P(0) of Binomial(n, t), accumulated as a product of successive ratios.
+            log_ratio = np.cumsum(np.log(sizes[g] - k + 1) - np.log(k) + np.log(t[g]) - np.log1p(-t[g]))
+            probs = np.exp(log_ratio - log_ratio.max())
+            count = rng.choice(k, p=probs / probs.sum())
+            masked[rng.choice(np.flatnonzero(groups == g), size=count, replace=False)] = True
+        any_mask = -np.expm1(sizes * np.log1p(-np.minimum(t, 1.0 - 1e-12)))
+        return masked, np.minimum(t / any_mask, 1.0)[groups]
 
     def _row_state(self, example: dict[str, Any]) -> dict[str, np.ndarray]:
         prompt = np.asarray(example["prompt_ids"], dtype=np.int64)

@@ -118,7 +118,7 @@ def _training_args(config: QuickstartConfig, output_dir: Path, **overrides: Any)
     return T3DConfig(**values)
 
 
-def _split_rows(task: DemoTask, config: QuickstartConfig) -> tuple[list[dict], list[dict]]:
+def split_rows(task: DemoTask, config: QuickstartConfig) -> tuple[list[dict], list[dict]]:
     """Training and held-out prompts: disjoint by construction (different seeds, duplicates removed)."""
     train = task.sample(config.num_trajectories, seed=config.seed)
     seen = {row["prompt"] for row in train}
@@ -209,24 +209,23 @@ def distill(
     task: DemoTask,
     config: QuickstartConfig,
     output: Path,
+    **overrides: Any,
 ) -> torch.nn.Module:
-    """A fresh copy of the teacher distilled with ``loss_type=method``."""
+    """A fresh copy of the teacher distilled with ``loss_type=method``; ``overrides`` are further ``T3DConfig``
+    settings (the tuning study in ``benchmarks/sweep_demo_distillation.py`` uses them)."""
     from ..trainer.t3d_trainer import T3DTrainer
 
     student = copy.deepcopy(teacher).train()
-    args = _training_args(
-        config,
-        output / method,
-        loss_type=method,
-        block_length=task.block_length,
-        tokens_per_step=config.tokens_per_step,
-        **(
-            dict(beta=config.beta, fake_weight=config.fake_weight, ref_sync_steps=config.ref_sync_steps)
-            if method in ("t3d", "ddo")
-            else {}
-        ),
-        **({"lambda_path": config.lambda_path} if method == "t3d" else {}),
+    settings: dict[str, Any] = dict(
+        loss_type=method, block_length=task.block_length, tokens_per_step=config.tokens_per_step
     )
+    if method in ("t3d", "ddo"):
+        settings.update(
+            beta=config.beta, fake_weight=config.fake_weight, ref_sync_steps=config.ref_sync_steps
+        )
+    if method == "t3d":
+        settings["lambda_path"] = config.lambda_path
+    args = _training_args(config, output / method, **{**settings, **overrides})
     trainer = T3DTrainer(
         model=student, args=args, train_dataset=trajectories, processing_class=task.tokenizer()
     )
@@ -343,7 +342,7 @@ def run_quickstart(config: QuickstartConfig) -> dict[str, Any]:
         timings[stage] = round(time.perf_counter() - start - sum(timings.values()), 1)
         logger.info("%s done in %.1f s", stage, timings[stage])
 
-    train_rows, eval_rows = _split_rows(task, config)
+    train_rows, eval_rows = split_rows(task, config)
     teacher, teacher_source = load_teacher(task, config, output)
     lap("teacher")
     trajectories = collect(teacher, task, train_rows, config, output)

@@ -12,6 +12,7 @@ from .losses import PATH_WEIGHTINGS
 LOSS_TYPES = ("t3d", "ddo", "td", "redi", "dparallel", "mdlm")
 TRAJECTORY_LOSSES = ("t3d", "ddo", "td")  # need the teacher's decoding order (decode_step)
 REFERENCE_LOSSES = ("t3d", "ddo")  # need the reference model
+FAKE_ESTIMATORS = ("argmax", "expectation")  # how the DDO fake term is taken
 STATE_SAMPLING = ("uniform", "reference")
 
 
@@ -37,6 +38,11 @@ class T3DConfig(_BaseConfig):
             Scale of DDO's implicit discriminator `sigmoid(beta * log p_theta / p_ref)`.
         fake_weight (`float`, *optional*, defaults to `0.5`):
             `alpha`, weight of DDO's fake term (the reference model's own predictions).
+        fake_estimator (`str`, *optional*, defaults to `"argmax"`):
+            How the fake term's expectation over `x_0 ~ p_ref(x_0 | x_t)` (Eq. step-ddo) is taken: `"argmax"`,
+            the log-ratio of the reference's argmax at `x_t` (the public reference code), or `"expectation"`, the
+            exact expectation `-KL(p_ref || p_theta)` per masked position, which has no gradient at
+            `p_theta = p_ref` (the argmax pushes the predicted token down from the first step on).
         lambda_path (`float`, *optional*, defaults to `0.2`):
             Weight of the path-consistency loss in `"t3d"`.
         path_weighting (`str`, *optional*, defaults to `"early"`):
@@ -91,6 +97,10 @@ class T3DConfig(_BaseConfig):
     )
     beta: float = field(default=0.1, metadata={"help": "DDO discriminator scale beta."})
     fake_weight: float = field(default=0.5, metadata={"help": "DDO fake-term weight alpha."})
+    fake_estimator: str = field(
+        default="argmax",
+        metadata={"help": "DDO fake term: argmax or expectation.", "choices": list(FAKE_ESTIMATORS)},
+    )
     lambda_path: float = field(default=0.2, metadata={"help": "Weight of the path-consistency loss (t3d)."})
     path_weighting: str = field(
         default="early",
@@ -128,6 +138,8 @@ class T3DConfig(_BaseConfig):
         super().__post_init__()
         if self.loss_type not in LOSS_TYPES:
             raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {self.loss_type!r}")
+        if self.fake_estimator not in FAKE_ESTIMATORS:
+            raise ValueError(f"fake_estimator must be one of {FAKE_ESTIMATORS}, got {self.fake_estimator!r}")
         if self.path_weighting not in PATH_WEIGHTINGS:
             raise ValueError(f"path_weighting must be one of {PATH_WEIGHTINGS}, got {self.path_weighting!r}")
         if self.state_sampling not in STATE_SAMPLING:

@@ -123,6 +123,29 @@ def sequence_logratio(
     return total / count.clamp_min(1)
 
 
+def expected_logratio(student_logps: torch.Tensor, ref_logps: torch.Tensor) -> torch.Tensor:
+    """``E_{x ~ p_ref}[log p_theta(x | x_t) - log p_ref(x | x_t)] = -KL(p_ref || p_theta)`` per position.
+
+    The fake expectation of Eq. (step-ddo), computed exactly instead of from one sample: the model factorizes
+    over the masked positions, so the sequence-level expectation is the sum (or mean) of these per-position terms.
+    Its gradient vanishes at ``p_theta = p_ref``; the reference code's stand-in, the log-ratio of the reference's
+    argmax, instead pushes the argmax token down from the first step on.
+
+    Args:
+        student_logps: ``[..., V]`` student log-probabilities over the vocabulary.
+        ref_logps: ``[..., V]`` reference log-probabilities at the same positions.
+
+    Returns:
+        ``[...]`` expected log-ratios (``<= 0``).
+    """
+    if student_logps.shape != ref_logps.shape:
+        raise ValueError(
+            f"student and reference log-probabilities differ in shape: {tuple(student_logps.shape)} vs "
+            f"{tuple(ref_logps.shape)}"
+        )
+    return (ref_logps.exp() * (student_logps - ref_logps)).sum(-1)
+
+
 def ddo_loss(
     real_logratio: torch.Tensor, fake_logratio: torch.Tensor, beta: float = 0.1, fake_weight: float = 0.5
 ) -> torch.Tensor:
@@ -160,12 +183,14 @@ def mdlm_loss(
 
     ``x_t`` masks each token independently with probability ``t ~ U(0, 1]``; the ``1/t`` weight makes this the
     negative ELBO (the loss LLaDA and SDAR are pre-trained and fine-tuned with), so it is normalised by the number
-    of target tokens, masked or not.
+    of target tokens, masked or not. In general each masked token is weighted by the inverse of the probability it
+    was masked with, which keeps the estimate unbiased when states are drawn conditioned on holding a mask (the
+    collator's ``t / (1 - (1 - t) ** n)``, see ``DataCollatorForDiffusion``).
 
     Args:
         logps: ``[B, L]`` model log-probabilities of the clean tokens.
         mask: ``[B, L]`` bool, the masked positions.
-        mask_prob: ``[B, L]`` the masking probability ``t`` each position was drawn with.
+        mask_prob: ``[B, L]`` the probability each position was masked with (``t`` for independent masking).
         num_items: the number of target (completion) tokens the ELBO is averaged over.
     """
     _check(logps, mask)

@@ -589,7 +589,6 @@ class T3DTrainer(_BaseTrainer):
         if args.loss_type in REFERENCE_LOSSES:
             ref_selected = self._reference_logits(inputs)[loss_mask].float()
             ref_logp_all = ref_selected.log_softmax(-1)
-            fake_tokens = ref_selected.argmax(-1, keepdim=True)  # the reference's own parallel prediction
 
             def scatter(values: torch.Tensor) -> torch.Tensor:
                 return torch.zeros(loss_mask.shape, device=values.device, dtype=values.dtype).masked_scatter(
@@ -597,8 +596,13 @@ class T3DTrainer(_BaseTrainer):
                 )
 
             ref_real = scatter(ref_logp_all.gather(-1, targets[loss_mask].unsqueeze(-1)).squeeze(-1))
-            fake = scatter(logp_all.gather(-1, fake_tokens).squeeze(-1))
-            ref_fake = scatter(ref_logp_all.gather(-1, fake_tokens).squeeze(-1))
+            if args.fake_estimator == "expectation":
+                fake = scatter(losses.expected_logratio(logp_all, ref_logp_all))
+                ref_fake = torch.zeros_like(fake)
+            else:
+                fake_tokens = ref_selected.argmax(-1, keepdim=True)  # the reference's own parallel prediction
+                fake = scatter(logp_all.gather(-1, fake_tokens).squeeze(-1))
+                ref_fake = scatter(ref_logp_all.gather(-1, fake_tokens).squeeze(-1))
             real_ratio = losses.sequence_logratio(real, ref_real, loss_mask)
             fake_ratio = losses.sequence_logratio(fake, ref_fake, loss_mask)
             has_state = loss_mask.any(-1)
@@ -740,6 +744,7 @@ class T3DTrainer(_BaseTrainer):
                 "loss_type",
                 "beta",
                 "fake_weight",
+                "fake_estimator",
                 "lambda_path",
                 "path_weighting",
                 "ref_sync_steps",
