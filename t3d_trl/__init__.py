@@ -1,22 +1,39 @@
-"""t3d-trl: few-step diffusion language models via trajectory self-distillation (T3D)."""
+"""t3d-trl: few-step diffusion language models via trajectory self-distillation (T3D).
+
+The public names below are imported on first use (PEP 562), so ``import t3d_trl`` and the ``t3d-trl`` command
+line start without loading torch, transformers and TRL until a command needs them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0.dev0"
 
-# models first: its auto module imports the generation mixin.
-from .models import (  # isort: skip
-    AutoModelForDiffusionLM,
-    DiffusionConfig,
-    add_diffusion_generation,
-    convert_checkpoint,
-)
-from .analysis import TotalCorrelationConfig, TotalCorrelationResult, total_correlation
-from .data.hub import load_trajectories, push_trajectories_to_hub
-from .data.schema import TrajectoryMetadata
-from .data.trajectories import collect_trajectories
-from .evaluation.benchmarks import Benchmark, register_benchmark
-from .evaluation.runner import evaluate_model, run_grid
-from .generation import DiffusionGenerationConfig, DiffusionGenerationMixin, DiffusionGenerationOutput
-from .trainer import T3DConfig, T3DTrainer
+# public name -> module that defines it
+_EXPORTS: dict[str, str] = {
+    "AutoModelForDiffusionLM": ".models",
+    "DiffusionConfig": ".models",
+    "add_diffusion_generation": ".models",
+    "convert_checkpoint": ".models",
+    "TotalCorrelationConfig": ".analysis",
+    "TotalCorrelationResult": ".analysis",
+    "total_correlation": ".analysis",
+    "load_trajectories": ".data.hub",
+    "push_trajectories_to_hub": ".data.hub",
+    "TrajectoryMetadata": ".data.schema",
+    "collect_trajectories": ".data.trajectories",
+    "Benchmark": ".evaluation.benchmarks",
+    "register_benchmark": ".evaluation.benchmarks",
+    "evaluate_model": ".evaluation.runner",
+    "run_grid": ".evaluation.runner",
+    "DiffusionGenerationConfig": ".generation",
+    "DiffusionGenerationMixin": ".generation",
+    "DiffusionGenerationOutput": ".generation",
+    "T3DConfig": ".trainer",
+    "T3DTrainer": ".trainer",
+}
 
 __all__ = [
     "AutoModelForDiffusionLM",
@@ -41,3 +58,27 @@ __all__ = [
     "run_grid",
     "total_correlation",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 't3d_trl' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
+
+
+if TYPE_CHECKING:  # static analysers and IDEs see the real names
+    from .analysis import TotalCorrelationConfig, TotalCorrelationResult, total_correlation
+    from .data.hub import load_trajectories, push_trajectories_to_hub
+    from .data.schema import TrajectoryMetadata
+    from .data.trajectories import collect_trajectories
+    from .evaluation.benchmarks import Benchmark, register_benchmark
+    from .evaluation.runner import evaluate_model, run_grid
+    from .generation import DiffusionGenerationConfig, DiffusionGenerationMixin, DiffusionGenerationOutput
+    from .models import AutoModelForDiffusionLM, DiffusionConfig, add_diffusion_generation, convert_checkpoint
+    from .trainer import T3DConfig, T3DTrainer

@@ -1,0 +1,50 @@
+"""The top-level package: lazy public exports and a light-weight command line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import t3d_trl
+
+HEAVY = ("torch", "transformers", "trl", "datasets")
+
+
+def _run(code: str) -> str:
+    return subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=300
+    ).stdout
+
+
+def test_import_and_command_help_load_no_heavy_library():
+    code = (
+        "import sys, t3d_trl\n"
+        "from t3d_trl.cli.main import main\n"
+        "main(['--help'])\n"
+        f"print([m for m in {HEAVY!r} if m in sys.modules])"
+    )
+    assert _run(code).strip().splitlines()[-1] == "[]"
+
+
+def test_all_lists_exactly_the_lazy_exports():
+    assert sorted(t3d_trl.__all__) == sorted([*t3d_trl._EXPORTS, "__version__"])
+
+
+@pytest.mark.parametrize("name", sorted(set(t3d_trl.__all__) - {"__version__"}))
+def test_every_public_name_resolves_to_its_module_object(name):
+    value = getattr(t3d_trl, name)
+    assert value.__name__ == name and value.__module__.startswith("t3d_trl.")
+
+
+def test_public_names_resolve_in_a_fresh_process_whatever_is_imported_first():
+    # Importing a leaf package first once broke on the models <-> generation import cycle.
+    for first in ("t3d_trl.generation", "t3d_trl.demo"):
+        _run(f"import {first}\nfrom t3d_trl import *\nimport t3d_trl\nt3d_trl.T3DTrainer")
+
+
+def test_unknown_names_raise_attribute_error():
+    with pytest.raises(AttributeError, match="no attribute 'T3DTrainerr'"):
+        t3d_trl.T3DTrainerr  # noqa: B018
+    assert "T3DTrainer" in dir(t3d_trl)
