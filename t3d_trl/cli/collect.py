@@ -9,7 +9,6 @@ over several GPUs or processes.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -152,11 +151,7 @@ def run(config: CollectConfig) -> datasets.Dataset:
 
 
 def main(argv: list[str]) -> int:
-    try:
-        (config,) = parse_recipe([CollectConfig], argv, prog="t3d-trl collect", description=__doc__)
-    except ValueError as err:
-        print(f"t3d-trl collect: {err}", file=sys.stderr)
-        return 2
+    (config,) = parse_recipe([CollectConfig], argv, prog="t3d-trl collect", description=__doc__)
     dataset = run(config)
     print(f"{len(dataset)} trajectories saved to {config.output_dir}")
     return 0

@@ -11,7 +11,6 @@ and prints the table. This is :func:`t3d_trl.evaluation.runner.run_grid` behind 
 from __future__ import annotations
 
 import logging
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -109,11 +108,7 @@ def _pairs(items: list[str], what: str, default_name=None) -> dict[str, str]:
 
 
 def main(argv: list[str]) -> int:
-    try:
-        (config,) = parse_recipe([EvalConfig], argv, prog="t3d-trl eval", description=_DESCRIPTION)
-    except ValueError as err:
-        print(f"t3d-trl eval: {err}", file=sys.stderr)
-        return 2
+    (config,) = parse_recipe([EvalConfig], argv, prog="t3d-trl eval", description=_DESCRIPTION)
     from ..evaluation.report import accuracy_table
     from ..evaluation.runner import run_grid
 

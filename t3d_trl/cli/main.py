@@ -3,12 +3,16 @@
 Each command lives in its own module of this package and exposes ``main(argv) -> int``; its one-line help
 is registered in :data:`COMMANDS`. Commands that read recipes parse them TRL-style (``--config recipe.yaml``: YAML values become
 defaults, command-line flags override them, unknown keys fail); see :func:`t3d_trl.cli.parsing.parse_recipe`.
+A :class:`~t3d_trl.cli.parsing.RecipeError` a command raises is printed here as ``t3d-trl <command>: <message>``
+with exit status 2.
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
+
+from .parsing import RecipeError
 
 # command name -> (module under t3d_trl.cli, one-line help). Modules are imported only when their command runs.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -47,7 +51,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"t3d-trl: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     module = importlib.import_module(f"t3d_trl.cli.{COMMANDS[command][0]}")
-    return int(module.main(rest) or 0)
+    try:
+        return int(module.main(rest) or 0)
+    except RecipeError as err:
+        print(f"t3d-trl {command}: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

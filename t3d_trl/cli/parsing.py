@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from trl import TrlParser
+
+class RecipeError(ValueError):
+    """A recipe or its flags are wrong: the dispatcher prints ``t3d-trl <command>: <message>`` and exits with 2."""
 
 
 def parse_recipe(
@@ -13,8 +15,13 @@ def parse_recipe(
 ) -> tuple[Any, ...]:
     """Parse ``--config recipe.yaml`` plus flags into instances of ``dataclass_types``.
 
-    YAML values become defaults, flags override them, and a key that no dataclass knows raises
-    ``ValueError`` naming it (each command prints it and exits with status 2).
+    YAML values become defaults, flags override them, and a key that no dataclass knows (or a value a dataclass
+    refuses) raises :class:`RecipeError` naming it.
     """
+    from trl import TrlParser  # here, so that the dispatcher importing RecipeError stays light
+
     parser = TrlParser(list(dataclass_types), prog=prog, description=description)
-    return parser.parse_args_and_config(args=list(argv))
+    try:
+        return parser.parse_args_and_config(args=list(argv))
+    except ValueError as err:
+        raise RecipeError(str(err)) from err

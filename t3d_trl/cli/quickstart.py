@@ -9,7 +9,6 @@ accuracy table; writes results.json, the evaluation table and plots, and the TC 
 from __future__ import annotations
 
 import logging
-import sys
 
 from .parsing import parse_recipe
 
@@ -17,11 +16,7 @@ from .parsing import parse_recipe
 def main(argv: list[str]) -> int:
     from ..demo.quickstart import QuickstartConfig, run_quickstart
 
-    try:
-        (config,) = parse_recipe([QuickstartConfig], argv, prog="t3d-trl quickstart", description=__doc__)
-    except ValueError as err:
-        print(f"t3d-trl quickstart: {err}", file=sys.stderr)
-        return 2
+    (config,) = parse_recipe([QuickstartConfig], argv, prog="t3d-trl quickstart", description=__doc__)
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("t3d_trl").setLevel(logging.INFO)
     results = run_quickstart(config)

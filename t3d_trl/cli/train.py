@@ -19,7 +19,7 @@ from typing import Any
 
 from trl import ModelConfig
 
-from .parsing import parse_recipe
+from .parsing import RecipeError, parse_recipe
 
 _LAUNCHED = "T3D_TRL_LAUNCHED"  # set in the processes started by --accelerate_config (no second relaunch)
 
@@ -100,25 +100,21 @@ def _relaunch(config_file: str, argv: list[str]) -> int:
 def main(argv: list[str]) -> int:
     from ..trainer import T3DConfig
 
-    try:
-        model_args, data, args = parse_recipe(
-            [ModelConfig, TrainDataConfig, T3DConfig], argv, prog="t3d-trl train", description=__doc__
+    model_args, data, args = parse_recipe(
+        [ModelConfig, TrainDataConfig, T3DConfig], argv, prog="t3d-trl train", description=__doc__
+    )
+    missing = [
+        n
+        for n, v in (
+            ("model_name_or_path", model_args.model_name_or_path),
+            ("dataset_name", data.dataset_name),
         )
-        missing = [
-            n
-            for n, v in (
-                ("model_name_or_path", model_args.model_name_or_path),
-                ("dataset_name", data.dataset_name),
-            )
-            if not v
-        ]
-        if missing:
-            raise ValueError(f"train needs {', '.join(missing)} (in the recipe or as flags)")
-        if data.accelerate_config and not os.path.isfile(data.accelerate_config):
-            raise ValueError(f"accelerate_config {data.accelerate_config!r} is not a file")
-    except ValueError as err:
-        print(f"t3d-trl train: {err}", file=sys.stderr)
-        return 2
+        if not v
+    ]
+    if missing:
+        raise RecipeError(f"train needs {', '.join(missing)} (in the recipe or as flags)")
+    if data.accelerate_config and not os.path.isfile(data.accelerate_config):
+        raise RecipeError(f"accelerate_config {data.accelerate_config!r} is not a file")
     # Already one of several processes (accelerate launch, torchrun, SLURM): run here, do not relaunch.
     launched = os.environ.get(_LAUNCHED) or int(os.environ.get("WORLD_SIZE", "1")) > 1
     if data.accelerate_config and not launched:
