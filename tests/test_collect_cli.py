@@ -71,6 +71,9 @@ def test_unknown_recipe_key_fails(recipe, capsys):
     path.write_text(yaml.safe_dump({**values, "max_new_token": 8}))
     assert main(["collect", "--config", str(path)]) == 2
     assert "max_new_token" in capsys.readouterr().err
+    missing = path.with_name("missing.yaml")
+    assert main(["collect", "--config", str(missing)]) == 2  # a clear message, not a traceback
+    assert f"t3d-trl collect: [Errno 2] No such file or directory: '{missing}'" in capsys.readouterr().err
 
 
 def test_config_requires_model_dataset_output():

@@ -15,13 +15,13 @@ def parse_recipe(
 ) -> tuple[Any, ...]:
     """Parse ``--config recipe.yaml`` plus flags into instances of ``dataclass_types``.
 
-    YAML values become defaults, flags override them, and a key that no dataclass knows (or a value a dataclass
-    refuses) raises :class:`RecipeError` naming it.
+    YAML values become defaults, flags override them, and a key that no dataclass knows, a value a dataclass
+    refuses or a recipe file that cannot be read raises :class:`RecipeError` naming it.
     """
     from trl import TrlParser  # here, so that the dispatcher importing RecipeError stays light
 
     parser = TrlParser(list(dataclass_types), prog=prog, description=description)
     try:
         return parser.parse_args_and_config(args=list(argv))
-    except ValueError as err:
+    except (ValueError, OSError) as err:
         raise RecipeError(str(err)) from err
