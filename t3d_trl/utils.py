@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import fields
 from typing import Any, TypeVar
 
@@ -15,3 +16,34 @@ def dataclass_from_dict(cls: type[T], data: dict[str, Any], what: str) -> T:
     if unknown:
         raise ValueError(f"unknown keys in {what}: {sorted(unknown)} (known: {sorted(known)})")
     return cls(**data)
+
+
+# Where launchers put the number of processes they started: torchrun/accelerate, Intel MPI, Open MPI, MVAPICH.
+_WORLD_SIZE_VARIABLES = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
+CPU_PROCESSES_HELP = (
+    "For N CPU processes run `torchrun --nproc_per_node N -m t3d_trl.cli.main <command> ...` or `accelerate launch` "
+    "with a MULTI_GPU config (docs/recipes.md#several-cpu-processes)"
+)
+
+
+def check_process_count(world_size: int, what: str, consequence: str) -> None:
+    """Refuse a run that a launcher started as N processes but that runs as fewer.
+
+    Two cases are caught, both silent otherwise: the launcher started N processes that did not join one group
+    (each would do the whole job on its own: ``consequence``), and ``accelerate launch --cpu --num_processes N``,
+    which starts a single process unless it runs under ``mpirun`` (it then exports ``MASTER_ADDR`` for a group
+    that never forms).
+    """
+    requested = max(int(os.environ.get(name) or 1) for name in _WORLD_SIZE_VARIABLES)
+    if requested > world_size:
+        raise ValueError(
+            f"{what} was launched as {requested} processes but runs as {world_size}: {consequence}. "
+            f"{CPU_PROCESSES_HELP}"
+        )
+    asked_cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true")
+    if world_size == 1 and asked_cpu and "MASTER_ADDR" in os.environ and "LOCAL_RANK" not in os.environ:
+        raise ValueError(
+            f"`accelerate launch --cpu` was asked for several processes but started one ({what} would run as a "
+            f"single process; accelerate starts several CPU processes only under mpirun). {CPU_PROCESSES_HELP}, "
+            "or unset MASTER_ADDR to run one process"
+        )

@@ -38,6 +38,7 @@ from tqdm.auto import tqdm
 
 from ..generation.configuration import DiffusionGenerationConfig
 from ..generation.sampler import eos_token_ids, left_pad
+from ..utils import check_process_count
 from .prompts import encode_prompts, format_user_message
 from .schema import TRAJECTORY_COLUMNS, TrajectoryMetadata, validate_trajectories
 
@@ -447,6 +448,7 @@ def collect_trajectories(
     }
     output_dir = Path(output_dir)
     rank, world_size, barrier = _process_group()
+    check_process_count(world_size, "collection", "each process would decode every prompt")
     _check_manifest(output_dir, manifest, rank == 0, barrier)
     features = _features(dataset, keep)
 

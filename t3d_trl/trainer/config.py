@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from transformers.utils import is_torch_bf16_gpu_available
@@ -132,6 +133,16 @@ class T3DConfig(_BaseConfig):
     disable_dropout: bool = field(default=True, metadata={"help": "Disable dropout in the model."})
 
     def __post_init__(self):
+        # Processes started by torchrun (or a MULTI_GPU accelerate config) on a machine without GPUs train together
+        # on the CPU (data parallel over gloo); left alone, accelerate would make each a separate one-process run.
+        import torch
+
+        if (
+            not self.use_cpu
+            and int(os.environ.get("WORLD_SIZE", "1")) > 1
+            and not torch.accelerator.is_available()
+        ):
+            self.use_cpu = True
         # TRL turns bf16 on by default; only do so where bf16 training works (not on a CPU-only machine).
         if self.bf16 is None and not self.fp16:
             self.bf16 = not self.use_cpu and is_torch_bf16_gpu_available()

@@ -31,6 +31,7 @@ from ..generation.configuration import DiffusionGenerationConfig
 from ..models.auto import AutoModelForDiffusionLM
 from ..models.diffusion_config import DiffusionConfig
 from ..models.forward import accepts_4d_mask, diffusion_forward, unwrap_model
+from ..utils import check_process_count
 from . import losses
 from .config import REFERENCE_LOSSES, TRAJECTORY_LOSSES, T3DConfig
 
@@ -40,6 +41,31 @@ REFERENCE_FILE = "t3d_reference.safetensors"
 _REF_ADAPTER = "ref"
 _COLUMNS = ("prompt_ids", "completion_ids", "decode_step", "row_index")
 _MODEL_CARD_TEMPLATE = Path(__file__).with_name("model_card.jinja")
+
+
+def _is_sharded(module: torch.nn.Module) -> bool:
+    """Whether FSDP2 has sharded ``module``'s parameters (they are ``DTensor``s)."""
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in module.parameters())
+
+
+def _full_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor on the CPU, gathered from its shards if FSDP2 sharded it (a collective call)."""
+    from torch.distributed.tensor import DTensor
+
+    tensor = tensor.detach()
+    return (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).cpu()
+
+
+@torch.no_grad()
+def _copy_into(target: torch.Tensor, value: torch.Tensor) -> None:
+    """``target <- value`` for a whole ``value``; a sharded ``target`` takes its own shard (no communication)."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if isinstance(target, DTensor):
+        value = distribute_tensor(value, target.device_mesh, target.placements, src_data_rank=None)
+    target.data.copy_(value)
 
 
 @torch.no_grad()
@@ -238,6 +264,7 @@ class T3DTrainer(_BaseTrainer):
                 "T3DTrainer does not support nn.DataParallel: launch with `accelerate launch` or `torchrun`, or make "
                 "one GPU visible"
             )
+        self._check_launch()
 
         self.ref_model = None
         if self._needs_reference and not self._ref_adapter:
@@ -254,6 +281,25 @@ class T3DTrainer(_BaseTrainer):
             self.model.add_model_tags(self._tag_names)
 
     # ---- setup ----------------------------------------------------------------------------------------------
+
+    def _check_launch(self) -> None:
+        """Stop a multi-process launch that would not train one model together (it would train N copies)."""
+        check_process_count(
+            self.args.world_size,
+            "training",
+            f"each process would train its own copy of the model and all would save to {self.args.output_dir}",
+        )
+        # accelerate turns a launch into FSDP or DeepSpeed only on GPUs (and other accelerators): on CPU
+        # processes (use_cpu) it sets up plain data parallel, each process holding the whole model.
+        for name, enabled in (("FSDP", self.is_fsdp_enabled), ("DeepSpeed", self.is_deepspeed_enabled)):
+            if os.environ.get(f"ACCELERATE_USE_{name.upper()}", "").lower() == "true" and not enabled:
+                raise ValueError(
+                    f"the launcher asked for {name} but accelerate set up "
+                    f"{self.accelerator.distributed_type.value}: accelerate shards with {name} on GPUs only, on "
+                    "CPU processes every process would hold the whole model. Use a MULTI_GPU config (plain data "
+                    "parallel) on CPUs; sharding on CPU processes is shown with torch FSDP2 directly in "
+                    "benchmarks/bench_distributed.py (docs/recipes.md#several-cpu-processes)"
+                )
 
     def _resolve_block_length(self, args: T3DConfig, metadata: TrajectoryMetadata | None) -> int:
         if (
@@ -472,27 +518,55 @@ class T3DTrainer(_BaseTrainer):
         _copy_parameters(sources, targets, zero3=self._zero3)
         self._ref_synced_at = self.state.global_step
 
-    def _reference_state(self) -> dict[str, torch.Tensor]:
+    def _reference_module(self) -> torch.nn.Module:
+        """The module holding the reference weights: the student (adapter ``"ref"``) or the reference model."""
         if self._ref_adapter:
-            student = self.accelerator.unwrap_model(self.model)
+            return self.accelerator.unwrap_model(self.model)
+        return unwrap_model(self.accelerator.unwrap_model(self.ref_model))
+
+    def _reference_state(self) -> dict[str, torch.Tensor]:
+        """The reference adapter's, or the sharded reference model's, full weights on the main process's CPU.
+
+        Under FSDP2 the weights are sharded (``DTensor``): every process must call this, the shards are gathered.
+        """
+        module = self._reference_module()
+        if self._ref_adapter:  # small: gathered parameter by parameter
             marker = f".{_REF_ADAPTER}."
-            return {n: p.detach().cpu().contiguous() for n, p in student.named_parameters() if marker in n}
-        return {}
+            state = {n: _full_tensor(p) for n, p in module.named_parameters() if marker in n}
+        else:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            options = StateDictOptions(
+                full_state_dict=True, cpu_offload=True
+            )  # only the main process holds it
+            state = get_model_state_dict(module, options=options)
+        if not self.args.should_save:
+            return {}
+        seen: set[int] = set()  # tied weights share storage, which safetensors refuses: store a copy
+        for name, tensor in state.items():
+            state[name] = tensor.clone() if tensor.data_ptr() in seen else tensor.contiguous()
+            seen.add(tensor.data_ptr())
+        return state
 
     def _save_reference(self, folder: str) -> None:
-        if self.is_fsdp_enabled or self._zero3:
-            logger.warning("the reference model is sharded (ZeRO-3/FSDP): not saved; a resume re-syncs it")
+        """Write ``t3d_reference.safetensors`` into ``folder`` (main process; every process must call it)."""
+        module = self._reference_module()
+        sharded = _is_sharded(module)
+        if self._zero3 or (self.is_fsdp_enabled and not sharded):
+            logger.warning("the reference model is sharded (ZeRO-3/FSDP1): not saved; a resume re-syncs it")
             return
         path = os.path.join(folder, REFERENCE_FILE)
         metadata = {
             "synced_at": str(self._ref_synced_at),
             "kind": "adapter" if self._ref_adapter else "model",
         }
-        if self._ref_adapter:
-            safetensors.torch.save_file(self._reference_state(), path, metadata=metadata)
-        else:
-            reference = unwrap_model(self.accelerator.unwrap_model(self.ref_model))
-            safetensors.torch.save_model(reference, path, metadata=metadata)
+        if not (self._ref_adapter or sharded):
+            if self.args.should_save:
+                safetensors.torch.save_model(module, path, metadata=metadata)
+            return
+        state = self._reference_state()
+        if self.args.should_save:
+            safetensors.torch.save_file(state, path, metadata=metadata)
 
     def _load_reference(self, folder: str) -> None:
         path = os.path.join(folder, REFERENCE_FILE)
@@ -504,14 +578,18 @@ class T3DTrainer(_BaseTrainer):
             return
         with safetensors.safe_open(path, framework="pt") as f:
             synced_at = f.metadata().get("synced_at")
+        module = self._reference_module()
         if self._ref_adapter:
-            named = dict(self.accelerator.unwrap_model(self.model).named_parameters())
-            with torch.no_grad():
-                for name, value in safetensors.torch.load_file(path).items():
-                    named[name].data.copy_(value)
+            named = dict(module.named_parameters())
+            for name, value in safetensors.torch.load_file(path).items():
+                _copy_into(named[name], value)
+        elif _is_sharded(module):  # every process reads the file and keeps its own shards
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+            state = safetensors.torch.load_file(path)
+            set_model_state_dict(module, state, options=StateDictOptions(full_state_dict=True, strict=False))
         else:
-            reference = unwrap_model(self.accelerator.unwrap_model(self.ref_model))
-            safetensors.torch.load_model(reference, path, device=str(next(reference.parameters()).device))
+            safetensors.torch.load_model(module, path, device=str(next(module.parameters()).device))
         self._ref_synced_at = int(synced_at) if synced_at not in (None, "None") else None
 
     # ---- loss ---------------------------------------------------------------------------------------------------
@@ -700,13 +778,14 @@ class T3DTrainer(_BaseTrainer):
     def _save_checkpoint(self, model, trial):
         name = Path(self.args.output_dir).name if self.args.hub_model_id is None else self.args.hub_model_id
         self.create_model_card(model_name=name.split("/")[-1])
-        if self._needs_reference and self.args.should_save:
+        if self._needs_reference:
             # Written first, so a checkpoint pushed to the Hub by the base class carries the reference too.
             folder = os.path.join(
                 self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
             )
-            os.makedirs(folder, exist_ok=True)
-            self._save_reference(folder)
+            if self.args.should_save:
+                os.makedirs(folder, exist_ok=True)
+            self._save_reference(folder)  # every process: a sharded reference is gathered for the main one
         super()._save_checkpoint(model, trial)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
