@@ -58,6 +58,17 @@ def _full_tensor(tensor: torch.Tensor) -> torch.Tensor:
     return (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).cpu()
 
 
+def _reshard(*modules: torch.nn.Module) -> None:
+    """Shard FSDP2 weights that are still gathered: after a forward without backward (the reference's), FSDP2
+    keeps the root module's weights whole, and they would not pair with the other model's shards."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in modules:
+        for sub in module.modules():
+            if isinstance(sub, FSDPModule):
+                sub.reshard()
+
+
 @torch.no_grad()
 def _copy_into(target: torch.Tensor, value: torch.Tensor) -> None:
     """``target <- value`` for a whole ``value``; a sharded ``target`` takes its own shard (no communication)."""
@@ -502,6 +513,7 @@ class T3DTrainer(_BaseTrainer):
     def _reference_pairs(self) -> tuple[list[torch.nn.Parameter], list[torch.nn.Parameter]]:
         """(student parameters, reference parameters) in matching order."""
         student = self.accelerator.unwrap_model(self.model)
+        _reshard(student, *([] if self.ref_model is None else [self.ref_model]))
         if self._ref_adapter:
             named = dict(student.named_parameters())
             trained = f".{self._trained_adapter}."
@@ -520,9 +532,9 @@ class T3DTrainer(_BaseTrainer):
 
     def _reference_module(self) -> torch.nn.Module:
         """The module holding the reference weights: the student (adapter ``"ref"``) or the reference model."""
-        if self._ref_adapter:
-            return self.accelerator.unwrap_model(self.model)
-        return unwrap_model(self.accelerator.unwrap_model(self.ref_model))
+        module = self.accelerator.unwrap_model(self.model if self._ref_adapter else self.ref_model)
+        _reshard(module)
+        return module if self._ref_adapter else unwrap_model(module)
 
     def _reference_state(self) -> dict[str, torch.Tensor]:
         """The reference adapter's, or the sharded reference model's, full weights on the main process's CPU.
