@@ -177,3 +177,26 @@ def test_hub_failure_without_offline_copy_names_the_fix(monkeypatch):
     hub_unreachable(monkeypatch)
     with pytest.raises(OSError, match="data_files"):
         get_benchmark("gsm8k").load(limit=1)
+
+
+def test_bench_distributed_quick_meets_its_targets():
+    # One process against DDP, FSDP2 and FSDP2 + LoRA on 2 CPU processes (gloo), 4 optimizer steps each; the
+    # FSDP2 run also saves after step 2 and a resumed run must give the same losses.
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_distributed.py"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = subprocess.run(
+        [sys.executable, str(script), "--quick"], capture_output=True, text=True, env=env, timeout=900
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["ddp_world_size"] == 2
+    for key in ("max_loss_diff_ddp", "max_loss_diff_fsdp", "resume_loss_diff_fsdp", "max_weight_diff_fsdp"):
+        assert result[key] <= 1e-4, (key, result)
+    assert result["fsdp_param_bytes_per_rank_over_full"] <= 0.6
+    assert result["ref_sync_ok"] is True and result["targets_met"] is True

@@ -7,6 +7,7 @@ import socket
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from conftest import build_bidirectional_model, build_trajectories
 
@@ -39,6 +40,13 @@ def files(tokenizer, tmp_path):
     return model_dir, data_dir
 
 
+def _free_port() -> int:
+    """A free rendezvous port: other test sessions may be running torchrun too."""
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        return free.getsockname()[1]
+
+
 def write_yaml(path: Path, values: dict) -> str:
     path.write_text(yaml.safe_dump(values))
     return str(path)
@@ -60,11 +68,8 @@ def test_two_process_cli_run_matches_the_one_process_python_api(tokenizer, files
 
     # Two processes (gloo on the CPU), 2 rows each, launched by the command itself. `accelerate launch --cpu` starts
     # one process (multi-CPU wants MPI); a MULTI_GPU config starts torchrun workers that use_cpu keeps on the CPU.
-    with socket.socket() as free:  # a free rendezvous port: other test sessions may be running torchrun too
-        free.bind(("127.0.0.1", 0))
-        port = free.getsockname()[1]
     launcher = {"distributed_type": "MULTI_GPU", "num_processes": 2, "num_machines": 1, "machine_rank": 0}
-    launcher["main_process_port"] = port
+    launcher["main_process_port"] = _free_port()
     launcher.update(
         {"mixed_precision": "no", "dynamo_backend": "NO", "gpu_ids": "all", "main_training_function": "main"}
     )
@@ -76,6 +81,10 @@ def test_two_process_cli_run_matches_the_one_process_python_api(tokenizer, files
         "accelerate_config": write_yaml(tmp_path / "accelerate.yaml", launcher),
         **SETTINGS,
     }
+    # No use_cpu: torchrun workers on a machine without GPUs train together on the CPU (accelerate alone would
+    # make each a separate one-process run: 2 copies, epoch 0.5 per step).
+    if not torch.accelerator.is_available():
+        del recipe["use_cpu"]
     assert main(["train", "--config", write_yaml(tmp_path / "recipe.yaml", recipe)]) == 0
 
     out = tmp_path / "cli"
@@ -106,3 +115,25 @@ def test_flags_override_the_recipe_and_bad_recipes_exit_2(files, tmp_path, capsy
     del recipe["dataset_name"]
     assert main(["train", "--config", write_yaml(tmp_path / "none.yaml", recipe)]) == 2
     assert "dataset_name" in capsys.readouterr().err
+
+
+def test_fsdp_on_cpu_processes_is_refused_not_trained_as_copies(files, tmp_path, capfd):
+    # The FSDP config switched to the CPU (issue 15): accelerate cannot shard CPU processes. Before, both processes
+    # trained their own copy and both saved; now each stops with the reason before training.
+    model_dir, data_dir = files
+    launcher = yaml.safe_load(
+        (Path(__file__).resolve().parents[1] / "recipes/accelerate/fsdp.yaml").read_text()
+    )
+    launcher.update(use_cpu=True, num_processes=2, mixed_precision="no", main_process_port=_free_port())
+    recipe = {
+        "model_name_or_path": str(model_dir),
+        "dataset_name": str(data_dir),
+        "output_dir": str(tmp_path / "fsdp"),
+        "per_device_train_batch_size": 2,
+        "accelerate_config": write_yaml(tmp_path / "fsdp.yaml", launcher),
+        **SETTINGS,
+    }
+    assert main(["train", "--config", write_yaml(tmp_path / "recipe.yaml", recipe)]) != 0
+    err = capfd.readouterr().err
+    assert "asked for FSDP but accelerate set up MULTI_CPU" in err
+    assert not (tmp_path / "fsdp" / "model.safetensors").exists()

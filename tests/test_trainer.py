@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.machinery
 import math
 import shutil
+import types
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -276,3 +279,125 @@ def test_config_defaults_follow_the_paper_and_work_on_cpu(tmp_path):
     if not torch.cuda.is_available():
         assert args.bf16 is False  # TRL's bf16 default would refuse to start on a CPU-only machine
     assert args.gradient_checkpointing is True
+
+
+# ---- multi-process launches and sharded references ------------------------------------------------------------
+
+LAUNCHER_VARIABLES = ("WORLD_SIZE", "PMI_SIZE", "LOCAL_RANK", "MASTER_ADDR", "ACCELERATE_USE_CPU")
+
+
+@pytest.fixture
+def launcher_env(monkeypatch):
+    """Clears the launcher variables; returns a setter (used once the trainer exists: accelerate would otherwise
+    try to join the group the variables describe)."""
+    for name in LAUNCHER_VARIABLES + ("ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED"):
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch.setenv
+
+
+@pytest.mark.parametrize(
+    "variables, message",
+    [
+        # torchrun started 2 processes that did not join one group: 2 independent copies that all save.
+        (
+            {"WORLD_SIZE": "2"},
+            r"launched as 2 processes but runs as 1: each process would train its own copy",
+        ),
+        ({"PMI_SIZE": "4"}, r"launched as 4 processes but runs as 1"),  # mpirun
+        # `accelerate launch --cpu --num_processes 2` without mpirun: one process.
+        (
+            {"ACCELERATE_USE_CPU": "True", "MASTER_ADDR": "127.0.0.1"},
+            r"accelerate launch --cpu` was asked for",
+        ),
+        # FSDP asked for where accelerate cannot shard (CPU processes): no silent fallback to whole models.
+        ({"ACCELERATE_USE_FSDP": "true"}, r"asked for FSDP but accelerate set up NO: accelerate shards"),
+    ],
+)
+def test_launches_that_would_not_train_one_model_together_are_refused(
+    tokenizer, trajectories, tmp_path, launcher_env, variables, message
+):
+    # The check T3DTrainer runs at construction (a real 2-process launch: tests/test_cli_train.py).
+    trainer = T3DTrainer(
+        build_bidirectional_model(tokenizer, seed=1),
+        config(tmp_path, use_cpu=True),
+        train_dataset=trajectories["bidirectional"],
+        processing_class=tokenizer,
+    )
+    trainer._check_launch()  # a plain one-process run passes
+    for name, value in variables.items():
+        launcher_env(name, value)
+    with pytest.raises(ValueError, match=message):
+        trainer._check_launch()
+
+
+def _fake_deepspeed(rank: int) -> types.ModuleType:
+    """``deepspeed`` at the boundary the reference refresh touches: ``zero.GatheredParameters`` (records the
+    gathered parameters and the rank allowed to modify them) and ``comm.get_rank``."""
+    module = types.ModuleType("deepspeed")
+    module.__spec__ = importlib.machinery.ModuleSpec("deepspeed", None)
+    module.gathered = []
+
+    class GatheredParameters:
+        def __init__(self, params, modifier_rank=None):
+            module.gathered.append((list(params), modifier_rank))
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    module.zero = SimpleNamespace(GatheredParameters=GatheredParameters)
+    module.comm = SimpleNamespace(get_rank=lambda: rank)
+    module.DeepSpeedEngine = type(
+        "DeepSpeedEngine", (torch.nn.Module,), {}
+    )  # accelerate's unwrap looks for it
+    return module
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_zero3_reference_refresh_gathers_both_models_and_copies_on_rank_0(
+    tokenizer, trajectories, tmp_path, monkeypatch, rank, caplog
+):
+    # Not a DeepSpeed run (DeepSpeed is not installed here): the ZeRO-3 branch with DeepSpeed's context managers
+    # mocked, against TRL's SyncRefModelCallback, which refreshes its reference models the same way.
+    import sys
+
+    trainer = T3DTrainer(
+        build_bidirectional_model(tokenizer, seed=1),
+        config(tmp_path, loss_type="t3d", use_cpu=True),
+        train_dataset=trajectories["bidirectional"],
+        processing_class=tokenizer,
+    )
+    with torch.no_grad():
+        for p in trainer.model.parameters():
+            p.add_(1.0)  # the student moved away from the reference
+    fake = _fake_deepspeed(rank)
+    monkeypatch.setitem(sys.modules, "deepspeed", fake)
+    monkeypatch.setattr(T3DTrainer, "_zero3", property(lambda self: True))
+    trainer.sync_reference()
+    student, reference = list(trainer.model.parameters()), list(trainer.ref_model.parameters())
+    assert len(fake.gathered) == 1
+    params, modifier = fake.gathered[0]
+    assert modifier == 0 and [id(p) for p in params] == [id(p) for p in student + reference]
+    copied = all(torch.equal(s, r) for s, r in zip(student, reference))
+    assert copied is (rank == 0)  # the other ranks' copies come from rank 0 when the context exits
+
+    # TRL, same boundary: one gather of both models' parameters, modified on rank 0 only.
+    import trl.trainer.callbacks as trl_callbacks
+
+    trl_fake = _fake_deepspeed(rank)
+    monkeypatch.setitem(sys.modules, "deepspeed", trl_fake)
+    state = SimpleNamespace(deepspeed_plugin=SimpleNamespace(zero_stage=3))
+    monkeypatch.setattr(trl_callbacks, "AcceleratorState", lambda: state)
+    target = build_bidirectional_model(tokenizer, seed=2)
+    trl_callbacks.SyncRefModelCallback.sync_target_model(trainer.model, target, 1.0)
+    [(params, modifier)] = trl_fake.gathered
+    assert modifier == 0 and [id(p) for p in params] == [id(p) for p in student + list(target.parameters())]
+    assert all(torch.equal(s, t) for s, t in zip(student, target.parameters())) is (rank == 0)
+
+    # The sharded reference is not written into ZeRO-3 checkpoints; a resume re-syncs it (with a warning).
+    folder = tmp_path / "checkpoint"
+    folder.mkdir()
+    trainer._save_reference(str(folder))
+    assert not (folder / REFERENCE_FILE).exists() and "not saved" in caplog.text

@@ -482,3 +482,18 @@ def test_shards_are_parquet_with_the_schema(tmp_path, tokenizer, bidirectional_m
     collect(bidirectional_model, tokenizer, tmp_path, rows=ROWS[:2])
     table = pq.read_table(next(Path(tmp_path, "shards").glob("*.parquet")))
     assert table.column_names == [*TRAJECTORY_COLUMNS, "problem", "answer", "level"]
+
+
+def test_accelerate_cpu_launch_that_starts_one_process_is_refused(
+    tmp_path, tokenizer, bidirectional_model, monkeypatch
+):
+    # `accelerate launch --cpu --num_processes 2` without mpirun starts one process, exporting MASTER_ADDR for the
+    # group it meant to form: the collection would silently run as one process.
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "True")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    with pytest.raises(
+        ValueError, match=r"accelerate launch --cpu` was asked for several processes.*torchrun"
+    ):
+        collect(bidirectional_model, tokenizer, tmp_path / "run")
+    assert not (tmp_path / "run" / "shards").exists()  # refused before any decoding
