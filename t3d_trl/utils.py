@@ -30,9 +30,9 @@ def check_process_count(world_size: int, what: str, consequence: str) -> None:
     """Refuse a run that a launcher started as N processes but that runs as fewer.
 
     Two cases are caught, both silent otherwise: the launcher started N processes that did not join one group
-    (each would do the whole job on its own: ``consequence``), and ``accelerate launch --cpu --num_processes N``,
-    which starts a single process unless it runs under ``mpirun`` (it then exports ``MASTER_ADDR`` for a group
-    that never forms).
+    (each would do the whole job on its own: ``consequence``), and ``accelerate launch --num_processes N`` on a
+    machine without GPUs (or with ``--cpu``), which starts a single process unless it runs under ``mpirun``. That
+    process still gets the ``MASTER_ADDR`` of the group accelerate meant to form, and no rank (``LOCAL_RANK``).
     """
     requested = max(int(os.environ.get(name) or 1) for name in _WORLD_SIZE_VARIABLES)
     if requested > world_size:
@@ -40,10 +40,10 @@ def check_process_count(world_size: int, what: str, consequence: str) -> None:
             f"{what} was launched as {requested} processes but runs as {world_size}: {consequence}. "
             f"{CPU_PROCESSES_HELP}"
         )
-    asked_cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true")
-    if world_size == 1 and asked_cpu and "MASTER_ADDR" in os.environ and "LOCAL_RANK" not in os.environ:
+    by_accelerate = "ACCELERATE_USE_CPU" in os.environ  # set by accelerate's one-process (and MPI) launcher
+    if world_size == 1 and by_accelerate and "MASTER_ADDR" in os.environ and "LOCAL_RANK" not in os.environ:
         raise ValueError(
-            f"`accelerate launch --cpu` was asked for several processes but started one ({what} would run as a "
-            f"single process; accelerate starts several CPU processes only under mpirun). {CPU_PROCESSES_HELP}, "
-            "or unset MASTER_ADDR to run one process"
+            f"`accelerate launch` was asked for several processes but started one ({what} would run as a single "
+            "process; without GPUs accelerate starts several processes only under mpirun). "
+            f"{CPU_PROCESSES_HELP}, or unset MASTER_ADDR to run one process"
         )

@@ -52,6 +52,21 @@ def write_yaml(path: Path, values: dict) -> str:
     return str(path)
 
 
+def launch_recipe(files, tmp_path: Path, name: str, launcher: dict, **settings) -> str:
+    """A train recipe on ``files`` (2 rows per process) run under the accelerate config ``launcher``."""
+    model_dir, data_dir = files
+    recipe = {
+        "model_name_or_path": str(model_dir),
+        "dataset_name": str(data_dir),
+        "output_dir": str(tmp_path / name),
+        "per_device_train_batch_size": 2,
+        "accelerate_config": write_yaml(tmp_path / f"{name}-accelerate.yaml", launcher),
+        **SETTINGS,
+        **settings,
+    }
+    return write_yaml(tmp_path / f"{name}.yaml", recipe)
+
+
 def test_two_process_cli_run_matches_the_one_process_python_api(tokenizer, files, tmp_path):
     from t3d_trl import load_trajectories
 
@@ -67,25 +82,16 @@ def test_two_process_cli_run_matches_the_one_process_python_api(tokenizer, files
     expected = single.state.log_history[0]
 
     # Two processes (gloo on the CPU), 2 rows each, launched by the command itself. `accelerate launch --cpu` starts
-    # one process (multi-CPU wants MPI); a MULTI_GPU config starts torchrun workers that use_cpu keeps on the CPU.
+    # one process (multi-CPU wants MPI); a MULTI_GPU config starts torchrun workers, which run on the CPU here.
     launcher = {"distributed_type": "MULTI_GPU", "num_processes": 2, "num_machines": 1, "machine_rank": 0}
     launcher["main_process_port"] = _free_port()
     launcher.update(
         {"mixed_precision": "no", "dynamo_backend": "NO", "gpu_ids": "all", "main_training_function": "main"}
     )
-    recipe = {
-        "model_name_or_path": str(model_dir),
-        "dataset_name": str(data_dir),
-        "output_dir": str(tmp_path / "cli"),
-        "per_device_train_batch_size": 2,
-        "accelerate_config": write_yaml(tmp_path / "accelerate.yaml", launcher),
-        **SETTINGS,
-    }
     # No use_cpu: torchrun workers on a machine without GPUs train together on the CPU (accelerate alone would
     # make each a separate one-process run: 2 copies, epoch 0.5 per step).
-    if not torch.accelerator.is_available():
-        del recipe["use_cpu"]
-    assert main(["train", "--config", write_yaml(tmp_path / "recipe.yaml", recipe)]) == 0
+    settings = {} if torch.accelerator.is_available() else {"use_cpu": False}
+    assert main(["train", "--config", launch_recipe(files, tmp_path, "cli", launcher, **settings)]) == 0
 
     out = tmp_path / "cli"
     log = json.loads((out / "trainer_state.json").read_text())["log_history"][0]
@@ -120,20 +126,11 @@ def test_flags_override_the_recipe_and_bad_recipes_exit_2(files, tmp_path, capsy
 def test_fsdp_on_cpu_processes_is_refused_not_trained_as_copies(files, tmp_path, capfd):
     # The FSDP config switched to the CPU (issue 15): accelerate cannot shard CPU processes. Before, both processes
     # trained their own copy and both saved; now each stops with the reason before training.
-    model_dir, data_dir = files
     launcher = yaml.safe_load(
         (Path(__file__).resolve().parents[1] / "recipes/accelerate/fsdp.yaml").read_text()
     )
     launcher.update(use_cpu=True, num_processes=2, mixed_precision="no", main_process_port=_free_port())
-    recipe = {
-        "model_name_or_path": str(model_dir),
-        "dataset_name": str(data_dir),
-        "output_dir": str(tmp_path / "fsdp"),
-        "per_device_train_batch_size": 2,
-        "accelerate_config": write_yaml(tmp_path / "fsdp.yaml", launcher),
-        **SETTINGS,
-    }
-    assert main(["train", "--config", write_yaml(tmp_path / "recipe.yaml", recipe)]) != 0
+    assert main(["train", "--config", launch_recipe(files, tmp_path, "fsdp", launcher)]) != 0
     err = capfd.readouterr().err
     assert "asked for FSDP but accelerate set up MULTI_CPU" in err
     assert not (tmp_path / "fsdp" / "model.safetensors").exists()

@@ -304,11 +304,10 @@ def launcher_env(monkeypatch):
             r"launched as 2 processes but runs as 1: each process would train its own copy",
         ),
         ({"PMI_SIZE": "4"}, r"launched as 4 processes but runs as 1"),  # mpirun
-        # `accelerate launch --cpu --num_processes 2` without mpirun: one process.
-        (
-            {"ACCELERATE_USE_CPU": "True", "MASTER_ADDR": "127.0.0.1"},
-            r"accelerate launch --cpu` was asked for",
-        ),
+        # `accelerate launch --cpu --num_processes 2` without mpirun: one process, no rank, a MASTER_ADDR; the same
+        # for `accelerate launch --num_processes 2` on a machine without GPUs (ACCELERATE_USE_CPU=False).
+        ({"ACCELERATE_USE_CPU": "True", "MASTER_ADDR": "127.0.0.1"}, r"accelerate launch` was asked for"),
+        ({"ACCELERATE_USE_CPU": "False", "MASTER_ADDR": "127.0.0.1"}, r"accelerate launch` was asked for"),
         # FSDP asked for where accelerate cannot shard (CPU processes): no silent fallback to whole models.
         ({"ACCELERATE_USE_FSDP": "true"}, r"asked for FSDP but accelerate set up NO: accelerate shards"),
     ],
