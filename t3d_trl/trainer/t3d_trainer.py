@@ -548,9 +548,8 @@ class T3DTrainer(_BaseTrainer):
         else:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-            options = StateDictOptions(
-                full_state_dict=True, cpu_offload=True
-            )  # only the main process holds it
+            # Gathered onto the main process's CPU only; the other processes get an empty dict.
+            options = StateDictOptions(full_state_dict=True, cpu_offload=True)
             state = get_model_state_dict(module, options=options)
         if not self.args.should_save:
             return {}
