@@ -5,20 +5,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import lm_eval
 import pytest
+import torch
+from conftest import build_bidirectional_model, build_block_causal_model
+from lm_eval.api.instance import Instance
+from lm_eval.tasks import TaskManager
 
-lm_eval = pytest.importorskip("lm_eval")
-
-from lm_eval.api.instance import Instance  # noqa: E402
-from lm_eval.tasks import TaskManager  # noqa: E402
-
-from conftest import build_block_causal_model, build_bidirectional_model  # noqa: E402
-from t3d_trl.cli.main import main as cli_main  # noqa: E402
-from t3d_trl.demo import get_task  # noqa: E402
-from t3d_trl.demo.quickstart import PACKAGED_TEACHERS  # noqa: E402
-from t3d_trl.evaluation.benchmarks import Benchmark  # noqa: E402
-from t3d_trl.evaluation.runner import evaluate_model, generate_completions, load_model  # noqa: E402
-from t3d_trl.integrations.lm_eval import DiffusionLM  # noqa: E402
+from t3d_trl.cli.main import main as cli_main
+from t3d_trl.demo import get_task
+from t3d_trl.demo.quickstart import PACKAGED_TEACHERS
+from t3d_trl.evaluation.benchmarks import Benchmark
+from t3d_trl.evaluation.runner import evaluate_model, generate_completions, load_model
+from t3d_trl.integrations.lm_eval import DiffusionLM
 
 TASKS = Path(__file__).parent / "data" / "lm_eval"
 TEACHER = PACKAGED_TEACHERS / "sort2"
@@ -49,8 +48,6 @@ def test_tiny_tasks_run_end_to_end(build, tokenizer, task_dir):
     samples = out["samples"]["t3d_tiny_generate"]
     contexts = [s["arguments"][0][0] for s in samples]
     config = model.diffusion_generation_config.update(block_length=4, tokens_per_step=2, max_new_tokens=8)
-    import torch
-
     expected = generate_completions(
         model,
         tokenizer,
@@ -89,7 +86,9 @@ def test_demo_teacher_scores_what_t3d_trl_eval_says(tmp_path, task_dir, capsys):
         "--model",
         "t3d",
         "--model_args",
-        f"pretrained={TEACHER},device=cpu,tokens_per_step=4,stop_at_eos=False",
+        f"pretrained={TEACHER},tokens_per_step=4,stop_at_eos=False",
+        "--device",
+        "cpu",
         "--tasks",
         "t3d_demo_sort2",
         "--include_path",

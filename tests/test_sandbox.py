@@ -11,17 +11,17 @@ from pathlib import Path
 import pytest
 
 from t3d_trl.evaluation.sandbox import (
+    CODE_EXTRACTION_RULES,
     STATUSES,
     ExecutionResult,
-    CODE_EXTRACTION_RULES,
     build_program,
     check_code,
     check_codes,
     completion_code,
+    entry_point_from_tests,
     extract_code,
     run_program,
     run_programs,
-    entry_point_from_tests,
 )
 
 # Generous limits: the suite runs on small, busy CI machines.

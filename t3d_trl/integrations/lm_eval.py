@@ -113,7 +113,10 @@ class DiffusionLM(TemplateLM):
             self.accelerator = Accelerator()
             device = str(self.accelerator.device)
             self._rank, self._world_size = self.accelerator.process_index, self.accelerator.num_processes
-        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if device is None or (str(device).startswith("cuda") and not torch.cuda.is_available()):
+            if device is not None:  # lm_eval's --device defaults to cuda:0
+                logger.warning("device %r is not available: running on the CPU", device)
+            device = "cuda" if torch.cuda.is_available() else "cpu"
         if isinstance(pretrained, str):
             model, loaded_tokenizer = load_model(pretrained, dtype, device)
             tokenizer = tokenizer or loaded_tokenizer
