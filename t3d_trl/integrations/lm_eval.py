@@ -216,6 +216,7 @@ class DiffusionLM(TemplateLM):
                 temperature = 0.0
             groups[(tuple(until), max_gen_toks, temperature)].append(index)
         results: list[str] = [""] * len(requests)
+        totals = [0.0, 0.0, 0.0, 0.0]  # samples, tokens, nfe, seconds of this call on this process
         generator = torch.Generator(device=self._device).manual_seed(self.seed)
         bar = tqdm(total=len(requests), desc="t3d generate_until", disable=disable_tqdm or self.rank != 0)
         for (until, max_gen_toks, temperature), indices in groups.items():
@@ -240,24 +241,26 @@ class DiffusionLM(TemplateLM):
                         completion = completion.split(stop, 1)[0]
                 results[i] = completion
                 self.cache_hook.add_partial("generate_until", requests[i].args, completion)
-            self._record(len(indices), sum(out.num_tokens), sum(out.nfe), out.seconds)
+            for k, value in enumerate((len(indices), sum(out.num_tokens), sum(out.nfe), out.seconds)):
+                totals[k] += value
             bar.update(len(indices))
         bar.close()
+        self._record(totals)  # once per call: every process makes the same calls (lm-eval pads the requests)
         logger.info("t3d decoding: %s", self.decoding_stats())
         return results
 
-    def _record(self, samples: int, tokens: int, nfe: int, seconds: float) -> None:
-        totals = torch.tensor([samples, tokens, nfe, seconds], dtype=torch.float64, device=self._device)
-        totals = self.all_gather(totals.unsqueeze(0)).sum(0)
-        for key, value in zip(("samples", "tokens", "nfe", "seconds"), totals.tolist()):
+    def _record(self, totals: list[float]) -> None:
+        """Add this call's totals, summed over processes, to :attr:`stats`."""
+        summed = self.all_gather(torch.tensor([totals], dtype=torch.float64, device=self._device)).sum(0)
+        for key, value in zip(("samples", "tokens", "nfe", "seconds"), summed.tolist()):
             self.stats[key] += value
 
     def decoding_stats(self) -> dict[str, float]:
         """NFE and speed of every ``generate_until`` call so far, over all processes.
 
         ``mean_nfe``: denoising forward passes per sample; ``tokens_per_second``: generated tokens (up to the first
-        EOS) per second inside ``diffusion_generate`` (summed over processes, so it is the throughput of the
-        whole run); ``tokens_per_step``: generated tokens per forward pass.
+        EOS) per second inside ``diffusion_generate``, per process (all tokens over all processes' decoding
+        time); ``tokens_per_step``: generated tokens per forward pass.
         """
         s = self.stats
         if not s["samples"]:
