@@ -12,6 +12,7 @@ from conftest import build_bidirectional_model, build_block_causal_model
 from lm_eval.api.instance import Instance
 from lm_eval.tasks import TaskManager
 
+from t3d_trl.cli.main import COMMANDS
 from t3d_trl.cli.main import main as cli_main
 from t3d_trl.demo import get_task
 from t3d_trl.demo.quickstart import PACKAGED_TEACHERS
@@ -173,4 +174,4 @@ def test_refusals_and_argument_errors(tokenizer):
 def test_lm_eval_command_help(capsys):
     assert cli_main(["lm-eval", "--help"]) == 0
     assert "--model_args" in capsys.readouterr().out
-    assert "lm-eval" in str(cli_main.__globals__["COMMANDS"])
+    assert COMMANDS["lm-eval"][0] == "lm_eval"
