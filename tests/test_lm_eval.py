@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import lm_eval
@@ -154,6 +158,59 @@ def test_loglikelihood_prefers_the_valid_answer_and_is_reproducible(task_dir):
     )  # same noise, other batches
     other_seed = DiffusionLM(str(TEACHER), device="cpu", mc_num=8, seed=4)
     assert other_seed.loglikelihood(requests[:1])[0][0] != pytest.approx(valid, rel=1e-9)
+
+
+def test_data_parallel_run_matches_one_process(tokenizer, task_dir, tmp_path):
+    """Two processes (torchrun, gloo on the CPU) split the requests and give the one-process answers."""
+    model = build_bidirectional_model(tokenizer)
+    model.save_pretrained(tmp_path / "tiny")
+    tokenizer.save_pretrained(tmp_path / "tiny")
+    args = f"pretrained={tmp_path / 'tiny'},block_length=4,tokens_per_step=2,mc_num=4"
+    tasks = ["t3d_tiny_generate", "t3d_tiny_choice"]
+    single = lm_eval.simple_evaluate(
+        model="t3d", model_args=args, tasks=tasks, task_manager=task_dir, log_samples=True, device="cpu"
+    )
+    with socket.socket() as free:  # a free rendezvous port: other test sessions may run torchrun too
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    launch = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(port),
+    ]
+    command = ["-m", "t3d_trl.cli.main", "lm-eval", "--model", "t3d", "--model_args", args, "--device", "cpu"]
+    command += [
+        "--tasks",
+        ",".join(tasks),
+        "--include_path",
+        str(TASKS),
+        "--output_path",
+        str(tmp_path / "out"),
+    ]
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+    run = subprocess.run(
+        [*launch, *command, "--log_samples"], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "on rank 1" in run.stderr + run.stdout  # the second process took its share
+    (results_file,) = (tmp_path / "out").rglob("results_*.json")
+    results = json.loads(results_file.read_text())
+    assert results["config"]["t3d_decoding"]["samples"] == 4  # gathered over both processes
+    for task in tasks:
+        (samples_file,) = (tmp_path / "out").rglob(f"samples_{task}_*.jsonl")
+        parallel = {
+            json.loads(line)["doc_id"]: _leaves(json.loads(line)["resps"]) for line in samples_file.open()
+        }
+        assert parallel == {s["doc_id"]: _leaves(s["resps"]) for s in single["samples"][task]}
+
+
+def _leaves(value):
+    """Responses with every leaf as a string, as lm-eval writes them to its samples files."""
+    return [_leaves(v) for v in value] if isinstance(value, (list, tuple)) else str(value)
 
 
 def test_refusals_and_argument_errors(tokenizer):

@@ -110,9 +110,16 @@ class DiffusionLM(TemplateLM):
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # launched with accelerate / torchrun: data parallel
             from accelerate import Accelerator
 
-            self.accelerator = Accelerator()
-            device = str(self.accelerator.device)
-            self._rank, self._world_size = self.accelerator.process_index, self.accelerator.num_processes
+            accelerator = Accelerator()
+            if accelerator.num_processes > 1:
+                self.accelerator, device = accelerator, str(accelerator.device)
+                self._rank, self._world_size = accelerator.process_index, accelerator.num_processes
+            else:  # e.g. torchrun on CPUs without ACCELERATE_USE_CPU=1: every process would run every request
+                logger.warning(
+                    "WORLD_SIZE=%s but accelerate set up a single process: not data parallel (on CPUs, set "
+                    "ACCELERATE_USE_CPU=1)",
+                    os.environ["WORLD_SIZE"],
+                )
         if device is None or (str(device).startswith("cuda") and not torch.cuda.is_available()):
             if device is not None:  # lm_eval's --device defaults to cuda:0
                 logger.warning("device %r is not available: running on the CPU", device)
