@@ -275,6 +275,9 @@ def test_extract_code_by_entry_point() -> None:
     assert completion_code(prose, "add", rule="last_block") == prose  # run as it is, as the paper does
     # A HumanEval body (does not parse alone, defines nothing): the text itself runs after the prompt.
     assert completion_code("    return a + b\n", "add") == "    return a + b\n"
+    # A function bound by assignment defines it too.
+    lam = f"```python\nadd = lambda a, b: a + b\n```\n{usage}"
+    assert extract_code(lam, "add") == "add = lambda a, b: a + b\n"
     # A fence without the entry point: the paper's rule is the fallback.
     assert extract_code("```python\nreturn_value = 1\n```", "add") == "return_value = 1\n"
     with pytest.raises(ValueError, match="rule"):

@@ -624,16 +624,23 @@ def _parses(code: str) -> ast.Module | None:
 
 
 def _defines(code: str, entry_point: str) -> bool:
-    """Whether ``code`` defines ``entry_point`` at top level (a function or a class)."""
+    """Whether ``code`` defines ``entry_point`` at top level (a function, a class or ``name = ...``)."""
     tree = _parses(code)
     if tree is None:  # a block cut at the token budget: look for the definition line itself
         return (
             re.search(rf"^(?:async\s+)?def\s+{re.escape(entry_point)}\s*\(", code, re.MULTILINE) is not None
         )
-    return any(
-        isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == entry_point
-        for node in tree.body
-    )
+    for node in tree.body:
+        if (
+            isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            and node.name == entry_point
+        ):
+            return True
+        if isinstance(node, ast.Assign) and any(
+            isinstance(target, ast.Name) and target.id == entry_point for target in node.targets
+        ):
+            return True
+    return False
 
 
 def _longest_parsing_run(text: str, entry_point: str | None) -> str | None:
