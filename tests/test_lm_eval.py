@@ -20,8 +20,8 @@ from t3d_trl.cli.main import COMMANDS
 from t3d_trl.cli.main import main as cli_main
 from t3d_trl.demo import get_task
 from t3d_trl.demo.quickstart import PACKAGED_TEACHERS
-from t3d_trl.evaluation.benchmarks import Benchmark
-from t3d_trl.evaluation.runner import evaluate_model, generate_completions, load_model
+from t3d_trl.evaluation.benchmarks import Benchmark, register_benchmark
+from t3d_trl.evaluation.runner import generate_completions
 from t3d_trl.integrations.lm_eval import DiffusionLM
 
 TASKS = Path(__file__).parent / "data" / "lm_eval"
@@ -84,58 +84,51 @@ def test_generate_until_honours_until_and_groups_generation_arguments(tokenizer)
 
 
 def test_demo_teacher_scores_what_t3d_trl_eval_says(tmp_path, task_dir, capsys):
-    """The packaged teacher on the demo's sort2 prompts: the `t3d-trl lm-eval` command and `t3d-trl eval`'s
-    runner agree sample by sample, at a few-step setting where the teacher is not always right."""
+    """The packaged teacher on the demo's sort2 prompts, block 8 and 4 tokens per step (a few-step setting where
+    it is not always right): the `t3d-trl lm-eval` and `t3d-trl eval` commands agree sample by sample."""
     argv = [
         "lm-eval",
         "--model",
         "t3d",
         "--model_args",
-        f"pretrained={TEACHER},tokens_per_step=4,stop_at_eos=False",
-        "--device",
-        "cpu",
-        "--tasks",
-        "t3d_demo_sort2",
-        "--include_path",
-        str(TASKS),
-        "--output_path",
-        str(tmp_path / "out"),
-        "--log_samples",
+        f"pretrained={TEACHER},block_length=8,tokens_per_step=4",
     ]
+    argv += ["--device", "cpu", "--tasks", "t3d_demo_sort2", "--include_path", str(TASKS)]
+    argv += ["--output_path", str(tmp_path / "lm_eval"), "--log_samples"]
     assert cli_main(argv) == 0
     assert "t3d_demo_sort2" in capsys.readouterr().out  # lm_eval's own results table
-    (results_file,) = (tmp_path / "out").rglob("results_*.json")
+    (results_file,) = (tmp_path / "lm_eval").rglob("results_*.json")
     results = json.loads(results_file.read_text())
-    (samples_file,) = (tmp_path / "out").rglob("samples_t3d_demo_sort2_*.jsonl")
-    lm_completions = {
+    assert results["config"]["t3d_decoding"]["mean_nfe"] == 2  # 8 tokens, 4 per step
+    (samples_file,) = (tmp_path / "lm_eval").rglob("samples_t3d_demo_sort2_*.jsonl")
+    lm_eval_completions = {
         json.loads(line)["doc"]["id"]: json.loads(line)["resps"][0][0] for line in samples_file.open()
     }
-    assert results["config"]["t3d_decoding"]["mean_nfe"] == 2  # 8 tokens, 4 per step
 
     task = get_task("sort2")
-    benchmark = Benchmark(
-        name="demo-sort2",
-        path="local",
-        columns={"problem": "prompt", "id": "id"},
-        checker=lambda completions, examples: [
-            task.is_valid(e["problem"], c) for c, e in zip(completions, examples)
-        ],
+    register_benchmark(
+        "lm-eval-demo-sort2",
+        Benchmark(
+            name="demo-sort2",
+            path="t3d-trl/demo-sort2",
+            columns={"problem": "prompt", "id": "id"},
+            checker=lambda completions, examples: [
+                task.is_valid(e["problem"], c) for c, e in zip(completions, examples)
+            ],
+        ),
+        overwrite=True,
     )
-    model, tokenizer = load_model(str(TEACHER), device="cpu")
-    config = model.diffusion_generation_config.update(tokens_per_step=4, stop_at_eos=False)
-    result = evaluate_model(
-        model,
-        tokenizer,
-        benchmark,
-        config,
-        data_files=TASKS / "demo_sort2.jsonl",
-        use_chat_template=False,
-        progress=False,
-    )
-    assert {r.id: r.completion for r in result.records} == lm_completions
-    accuracy = result.metrics["accuracy"]
+    argv = ["eval", "--models", f"teacher={TEACHER}", "--benchmarks", "lm-eval-demo-sort2", "--device", "cpu"]
+    argv += ["--data_files", f"lm-eval-demo-sort2={TASKS / 'demo_sort2.jsonl'}", "--no_use_chat_template"]
+    argv += ["--block_lengths", "8", "--tokens_per_step", "4", "--output_dir", str(tmp_path / "eval")]
+    assert cli_main(argv) == 0
+    (run,) = json.loads((tmp_path / "eval" / "results.json").read_text())["results"]
+    records = [json.loads(line) for line in (tmp_path / "eval" / run["samples_file"]).open()]
+    assert {r["id"]: r["completion"] for r in records} == lm_eval_completions
+    accuracy = run["metrics"]["accuracy"]
     assert results["results"]["t3d_demo_sort2"]["valid,none"] == pytest.approx(accuracy)
     assert 0 < accuracy < 1  # the setting discriminates: a silent change of decoding would show
+    assert run["metrics"]["mean_nfe"] == results["config"]["t3d_decoding"]["mean_nfe"]
 
 
 def test_loglikelihood_prefers_the_valid_answer_and_is_reproducible(task_dir):
