@@ -71,7 +71,7 @@ class DiffusionLM(TemplateLM):
         peft: a ``peft`` adapter folder or Hub id to load on top of ``pretrained`` (a LoRA student).
         dtype: ``auto``, ``bfloat16``, ``float16`` or ``float32``.
         device: default ``cuda`` when available, else ``cpu``; under ``accelerate launch``, each process's device.
-        batch_size: prompts per ``diffusion_generate`` call (``generate_until``); requests per scoring batch.
+        batch_size: prompts per ``diffusion_generate`` call (``generate_until``); a number, not ``auto``.
         seed: seed of the sampling generator (``generate_until``) and of the Monte Carlo noise (``loglikelihood``).
         mc_num: Monte Carlo samples per ``loglikelihood`` request (LLaDA's evaluation uses 128).
         mc_batch_size: noisy copies per forward pass in ``loglikelihood``.
