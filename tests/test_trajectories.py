@@ -16,7 +16,7 @@ from conftest import build_bidirectional_model, build_block_causal_model, build_
 
 from t3d_trl import DiffusionGenerationConfig, TrajectoryMetadata, collect_trajectories, load_trajectories
 from t3d_trl.data.hub import trajectory_card
-from t3d_trl.data.prompts import render_prompt
+from t3d_trl.data.prompts import encode_prompts, render_prompt
 from t3d_trl.data.schema import METADATA_KEY, TRAJECTORY_COLUMNS
 from t3d_trl.data.trajectories import PromptRow, batch_seed, build_prompts, cut_at_eos, plan_batches
 from t3d_trl.generation.remasking import propose_tokens, select_static
@@ -342,6 +342,26 @@ def test_filters(tmp_path, tokenizer, bidirectional_model, monkeypatch):
 
 
 # --- prompts, batching, small helpers ----------------------------------------------------------------------
+
+
+def test_encode_prompts_adds_no_second_bos():
+    """A prompt already rendered elsewhere (lm-eval's chat templating) keeps its one BOS."""
+    from tokenizers import processors
+
+    tokenizer = build_tokenizer()  # a copy that adds BOS to raw text, as Llama-style tokenizers do
+    tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single="[BOS] $A", special_tokens=[("[BOS]", tokenizer.bos_token_id)]
+    )
+    rendered = render_prompt(tokenizer, "hi")
+    assert rendered.startswith(tokenizer.bos_token)
+    texts, ids = encode_prompts(tokenizer, [rendered, "plain"], use_chat_template=False)
+    assert texts == [rendered, "plain"]
+    assert ids[0] == tokenizer(rendered, add_special_tokens=False)["input_ids"]
+    assert ids[0].count(tokenizer.bos_token_id) == 1
+    assert ids[1] == tokenizer("plain")["input_ids"]  # a raw message gets the usual special tokens
+    assert encode_prompts(tokenizer, ["hi"])[1] == [
+        ids[0]
+    ]  # the same ids as the library's own chat rendering
 
 
 def test_build_prompts(tokenizer):

@@ -70,6 +70,12 @@ class EvalConfig:
     dtype: str = field(default="auto", metadata={"help": "auto, bfloat16, float16 or float32"})
     device: str | None = field(default=None, metadata={"help": "default: cuda when available, else cpu"})
     output_dir: str = field(default="eval_results", metadata={"help": "where results, tables and plots go"})
+    code_extraction: str | None = field(
+        default=None,
+        metadata={
+            "help": "code benchmarks: entry_point (evalplus-like, default) or last_block (the paper's rule)"
+        },
+    )
 
     def __post_init__(self) -> None:
         if not self.models:
@@ -130,6 +136,7 @@ def main(argv: list[str]) -> int:
         dtype=config.dtype,
         device=config.device,
         output_dir=config.output_dir,
+        code_extraction=config.code_extraction,
     )
     print(accuracy_table(grid.results))
     print(f"\nresults, samples, table.md and plots written to {config.output_dir}")

@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("generate", "decode one prompt with a diffusion LM, decoding settings as flags"),
     "analyze": ("analyze", "factorization error (conditional total correlation) of models, with a heatmap"),
     "convert": ("convert", "convert a published LLaDA, SDAR or Dream checkpoint to native transformers"),
+    "lm-eval": ("lm_eval", "lm-evaluation-harness with the diffusion model `t3d` (lm_eval's arguments)"),
 }
 
 

@@ -63,9 +63,18 @@ def encode_prompts(
     """The exact prompt texts and their token ids, the one rule shared by collection and evaluation.
 
     A chat-template rendering already holds the special tokens it needs (BOS), so nothing is added to it; a
-    raw message gets the tokenizer's usual special tokens, as in pre-training.
+    raw message gets the tokenizer's usual special tokens, as in pre-training, unless it already starts with
+    the BOS token (a chat rendering made elsewhere, e.g. by lm-evaluation-harness).
     """
     chat = use_chat_template and bool(getattr(tokenizer, "chat_template", None))
     texts = [render_prompt(tokenizer, message, chat) for message in messages]
-    ids = tokenizer(texts, add_special_tokens=not chat)["input_ids"] if texts else []
-    return texts, [list(row) for row in ids]
+    bos = getattr(tokenizer, "bos_token", None)
+    rendered = [chat or bool(bos and text.startswith(bos)) for text in texts]
+    ids: list[list[int]] = [[] for _ in texts]
+    for already in (False, True):  # one batched call per kind of text
+        rows = [i for i, r in enumerate(rendered) if r is already]
+        if rows:
+            encoded = tokenizer([texts[i] for i in rows], add_special_tokens=not already)["input_ids"]
+            for i, row in zip(rows, encoded):
+                ids[i] = list(row)
+    return texts, ids

@@ -24,13 +24,13 @@ import ast
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ..data.prompts import format_user_message
 from .math_checker import check_math
-from .sandbox import check_codes, extract_code
+from .sandbox import CODE_EXTRACTION_RULES, CodeExtraction, check_codes, completion_code
 
 logger = logging.getLogger(__name__)
 
@@ -71,45 +71,50 @@ def _string_list(value: Any, what: str) -> list[str]:
     return list(value)
 
 
-def _code(completion: str) -> str:
-    """The program in a completion: its last fenced block, or the text itself when it has no fence."""
-    return (extract_code(completion) or "") if "```" in completion else completion
-
-
 def mbpp_checker(
-    completions: Sequence[str], examples: Sequence[Mapping[str, Any]], **sandbox_kwargs: Any
+    completions: Sequence[str],
+    examples: Sequence[Mapping[str, Any]],
+    extraction: CodeExtraction = "entry_point",
+    **sandbox_kwargs: Any,
 ) -> list[bool]:
-    """MBPP: the completion's last Python block, then ``test_imports`` and every ``assert`` of ``tests``.
+    """MBPP: the completion's code, then ``test_imports`` and every ``assert`` of ``tests``.
 
-    Programs run in parallel in the sandbox (:func:`t3d_trl.evaluation.sandbox.check_codes`); a task passes
-    only if all its asserts do. ``sandbox_kwargs`` (``timeout``, ``memory_mb``, ``num_workers``...) go to
-    the sandbox; bind them with :func:`functools.partial` to make a checker with other limits.
+    The code is found by the ``extraction`` rule (:func:`t3d_trl.evaluation.sandbox.extract_code`; the
+    entry point is the function the asserts call). Programs run in parallel in the sandbox
+    (:func:`t3d_trl.evaluation.sandbox.check_codes`); a task passes only if all its asserts do.
+    ``sandbox_kwargs`` (``timeout``, ``memory_mb``, ``num_workers``...) go to the sandbox; bind them with
+    :func:`functools.partial` to make a checker with other limits.
     """
     tests = [
         _string_list(example.get("test_imports") or [], "test_imports")
         + _string_list(example["tests"], "tests")
         for example in examples
     ]
-    results = check_codes([_code(c) for c in completions], tests, **sandbox_kwargs)
+    results = check_codes(list(completions), tests, extraction=extraction, **sandbox_kwargs)
     return [result.passed for result in results]
 
 
 def humaneval_checker(
-    completions: Sequence[str], examples: Sequence[Mapping[str, Any]], **sandbox_kwargs: Any
+    completions: Sequence[str],
+    examples: Sequence[Mapping[str, Any]],
+    extraction: CodeExtraction = "entry_point",
+    **sandbox_kwargs: Any,
 ) -> list[bool]:
     """HumanEval: the problem's prompt, then the completion's code, then ``test`` and ``check(entry_point)``.
 
     The prompt (imports, helpers and the documented signature) comes first so that a completion may either
-    redefine the whole function or continue its body, as chat models do both.
+    redefine the whole function or continue its body, as chat models do both. The code is found by the
+    ``extraction`` rule, looking for the problem's ``entry_point``.
     """
     programs = []
     for completion, example in zip(completions, examples):
-        code = _code(completion)
+        code = completion_code(completion, example["entry_point"], extraction) or ""
         programs.append(f"{example['problem']}\n{code}" if code.strip() else "")
     results = check_codes(
         programs,
         [example["tests"] for example in examples],
         [example["entry_point"] for example in examples],
+        extraction=extraction,
         **sandbox_kwargs,
     )
     return [result.passed for result in results]
@@ -163,6 +168,10 @@ class Benchmark:
         prepare: optional ``example -> example`` applied after the column mapping (MBPP appends its tests to
             the problem statement).
         offline_rows: optional ``() -> rows`` used when the Hub cannot be reached.
+        code_extraction: code benchmarks only: how code is cut out of a completion, passed to the checker as
+            ``extraction=``: ``"entry_point"`` (evalplus-like, the default of MBPP and HumanEval) or
+            ``"last_block"`` (the paper's rule); see :func:`t3d_trl.evaluation.sandbox.extract_code`.
+            ``None``: the checker takes no such argument.
     """
 
     name: str
@@ -174,6 +183,19 @@ class Benchmark:
     split: str = "test"
     prepare: Callable[[Example], Example] | None = None
     offline_rows: Callable[[], list[dict[str, Any]]] | None = None
+    code_extraction: CodeExtraction | None = None
+
+    def __post_init__(self) -> None:
+        if self.code_extraction is not None and self.code_extraction not in CODE_EXTRACTION_RULES:
+            raise ValueError(
+                f"code_extraction must be one of {CODE_EXTRACTION_RULES}, got {self.code_extraction!r}"
+            )
+
+    def with_code_extraction(self, rule: CodeExtraction | None) -> Benchmark:
+        """This benchmark with another code extraction rule (``None``, or a benchmark without code: itself)."""
+        if rule is None or self.code_extraction is None:
+            return self
+        return replace(self, code_extraction=rule)
 
     def load(self, data_files: str | os.PathLike | None = None, limit: int | None = None) -> list[Example]:
         """The first ``limit`` examples, from ``data_files`` (a local file with the Hub schema) or the Hub."""
@@ -228,7 +250,8 @@ class Benchmark:
         """One bool per completion: judged correct against its example."""
         if len(completions) != len(examples):
             raise ValueError(f"got {len(completions)} completions for {len(examples)} examples")
-        results = list(self.checker(list(completions), list(examples)))
+        options = {} if self.code_extraction is None else {"extraction": self.code_extraction}
+        results = list(self.checker(list(completions), list(examples), **options))
         if len(results) != len(completions):
             raise ValueError(
                 f"checker of {self.name!r} returned {len(results)} results for {len(completions)} completions"
@@ -313,6 +336,7 @@ register_benchmark(
         prompt_template="code",
         checker=mbpp_checker,
         prepare=_mbpp_problem,
+        code_extraction="entry_point",
     ),
 )
 register_benchmark(
@@ -324,5 +348,6 @@ register_benchmark(
         prompt_template="code",
         checker=humaneval_checker,
         offline_rows=_humaneval_package_rows,
+        code_extraction="entry_point",
     ),
 )

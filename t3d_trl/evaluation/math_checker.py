@@ -47,6 +47,11 @@ _THOUSANDS_RE = re.compile(r"^-?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
 # "12 apples", "5 dollars.", "3.5 cm": a number followed by plain words only (no LaTeX).
 _NUMBER_WITH_WORDS_RE = re.compile(rf"^({_NUMBER})\s*((?:[A-Za-z]{{2,}}\.?\s*)+)$")
 _NOT_UNITS = {"pi", "sqrt", "frac", "i", "e"}
+# A digit group separator inside one number: ``,`` plus LaTeX spacing (``11,\\! 111``, ``10,\\,080``),
+# ``{,}`` (``1{,}000``) or LaTeX spacing alone (``1\\,000\\,000``), before exactly three digits. A bare
+# ``, `` is left alone: ``3, 5, 7`` is a list.
+_SPACE = r"(?:\\[!,;:> ]|~)"
+_GROUP_SEPARATOR_RE = re.compile(rf"(?<=\d)(?:,{_SPACE}+\s*|\{{,\}}|{_SPACE}+)(?=\d{{3}}(?!\d))")
 
 
 def _require_str(value: object, name: str) -> str:
@@ -145,14 +150,17 @@ def normalize_answer(answer: str) -> str:
     """Light, conservative normalisation applied before math-verify parsing.
 
     Strips surrounding ``$...$`` / ``\\(...\\)``, currency signs, a trailing period, ``\\!`` spacing,
-    thousands separators of a lone number (``1,234`` -> ``1234``) and plain-text units after a lone
-    number (``5 dollars`` -> ``5``). LaTeX content is otherwise left to math-verify.
+    digit group separators inside a number (``11,\\! 111,\\! 100`` and ``1{,}000`` -> one number; a
+    lone ``1,234`` -> ``1234``) and plain-text units after a lone number (``5 dollars`` -> ``5``). LaTeX
+    content is otherwise left to math-verify. Group separators go first: once ``\\!`` is gone,
+    ``11, 111, 100`` would read as the set {11, 100, 111}.
     """
     _require_str(answer, "answer")
     text = answer.strip()
     for left, right in (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")):
         if len(text) > len(left) + len(right) and text.startswith(left) and text.endswith(right):
             text = text[len(left) : -len(right)].strip()
+    text = _GROUP_SEPARATOR_RE.sub("", text)
     text = text.replace("\\!", "").replace("\\$", "").replace("\\,", "")
     text = re.sub(r"^\$\s*", "", text).strip()
     if text.endswith(".") and not text.endswith(".."):

@@ -260,6 +260,7 @@ def evaluate_model(
     use_chat_template: bool = True,
     warmup: bool = True,
     progress: bool = True,
+    code_extraction: str | None = None,
 ) -> EvalResult:
     """Evaluate one model on one benchmark with one decoding setting.
 
@@ -280,8 +281,10 @@ def evaluate_model(
         warmup: first decode one prompt untimed, so that lazy initialisation (CUDA kernels, allocator) does
             not count as decoding time.
         progress: show progress bars.
+        code_extraction: code benchmarks: ``"entry_point"`` or ``"last_block"`` (the paper's rule) instead of
+            the benchmark's own rule (:func:`t3d_trl.evaluation.sandbox.extract_code`); others ignore it.
     """
-    benchmark = get_benchmark(benchmark)
+    benchmark = get_benchmark(benchmark).with_code_extraction(code_extraction)
     seeds = list(seeds)
     if not seeds:
         raise ValueError("seeds must hold at least one seed")
@@ -490,6 +493,7 @@ def run_grid(
     device: str | None = None,
     output_dir: str | Path | None = None,
     progress: bool = True,
+    code_extraction: str | None = None,
 ) -> GridResult:
     """Evaluate several models side by side over benchmarks x decoding settings.
 
@@ -508,11 +512,12 @@ def run_grid(
         output_dir: when given, ``results.json`` (rewritten after every run), ``samples/`` (per-sample
             records), ``table.md`` and the plots are written there (:func:`t3d_trl.evaluation.report.write_report`).
         progress: show progress bars.
+        code_extraction: see :func:`evaluate_model`.
     """
     if not models:
         raise ValueError("models must name at least one model")
     settings = grid_settings(block_lengths, tokens_per_step, thresholds)
-    benchmarks = [get_benchmark(b) for b in benchmarks]
+    benchmarks = [get_benchmark(b).with_code_extraction(code_extraction) for b in benchmarks]
     if not benchmarks:
         raise ValueError("benchmarks must name at least one benchmark")
     data_files = {get_benchmark(name).name: path for name, path in (data_files or {}).items()}
@@ -533,6 +538,7 @@ def run_grid(
             "num_samples": num_samples,
             "use_chat_template": use_chat_template,
             "dtype": dtype,
+            "code_extraction": code_extraction,
         },
         results=[],
     )

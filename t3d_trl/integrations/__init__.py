@@ -1,0 +1,1 @@
+"""Integrations with other evaluation and training tools (import a module to register it)."""

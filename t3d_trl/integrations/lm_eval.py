@@ -1,0 +1,349 @@
+"""An lm-evaluation-harness model for diffusion LMs, registered under the name ``"t3d"``.
+
+    import lm_eval
+    import t3d_trl.integrations.lm_eval  # registers "t3d"
+
+    lm_eval.simple_evaluate(
+        model="t3d",
+        model_args="pretrained=JetLM/SDAR-4B-Chat,dtype=bfloat16,block_length=4,tokens_per_step=2",
+        tasks=["gsm8k"],
+    )
+
+or from a shell, with exactly ``lm_eval``'s arguments and output: ``t3d-trl lm-eval --model t3d ...``.
+
+* ``generate_until`` decodes with ``diffusion_generate`` (through
+  :func:`t3d_trl.evaluation.runner.generate_completions`, the code path of ``t3d-trl eval``). Every
+  :class:`~t3d_trl.generation.DiffusionGenerationConfig` field is a model argument (``block_length``,
+  ``tokens_per_step``, ``steps``, ``threshold``, ``remasking``, ``use_cache``, ``temperature``...); fields left out
+  keep the settings saved with the model. The task's ``until`` strings cut the completion; its ``max_gen_toks`` is
+  the generation length (rounded up to a whole number of blocks) unless ``max_new_tokens`` is a model argument.
+  NFE, tokens per second and tokens per step are logged and written to the results' ``config`` under
+  ``t3d_decoding``.
+* ``loglikelihood`` is the Monte Carlo estimate of the masked-diffusion ELBO, as LLaDA's evaluation computes it:
+  ``mc_num`` noisy copies of the continuation (each masked with probability ``t ~ U(0, 1]``, block by block for
+  block-causal models), the log-probabilities of the masked tokens weighted by the inverse of their masking
+  probability, averaged. The noise of sample ``j`` is drawn from ``(seed, j)``, so a request scores the same in
+  any batch and on any process. ``is_greedy`` says whether greedy decoding (temperature 0, the model arguments'
+  schedule) of the continuation's length reproduces it.
+* ``loglikelihood_rolling`` (perplexity tasks) is refused: a diffusion LM has no left-to-right likelihood to roll.
+* Data parallel: launched with ``accelerate launch -m t3d_trl.cli.main lm-eval ...`` (or ``accelerate launch``
+  of a script calling ``simple_evaluate``), each process takes its share of the requests, as lm-eval does for
+  Hugging Face models.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections import defaultdict
+from dataclasses import fields
+from typing import Any
+
+import torch
+from lm_eval.api.model import TemplateLM
+from lm_eval.api.registry import register_model
+from tqdm.auto import tqdm
+
+from ..data.collator import DataCollatorForDiffusion, diffusion_attention_mask
+from ..evaluation.runner import generate_completions, load_model
+from ..generation.configuration import DiffusionGenerationConfig
+from ..models.diffusion_config import DiffusionConfig
+from ..models.forward import accepts_4d_mask, diffusion_forward, unwrap_model
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["DiffusionLM"]
+
+_GENERATION_FIELDS = {f.name for f in fields(DiffusionGenerationConfig)} - {
+    "return_dict_in_generate",
+    "output_history",
+}
+
+
+@register_model("t3d")
+class DiffusionLM(TemplateLM):
+    """lm-eval model over a t3d-trl diffusion LM (any family ``AutoModelForDiffusionLM`` loads).
+
+    Args:
+        pretrained: checkpoint folder or Hub repo id, or an already loaded model (then pass ``tokenizer``).
+        tokenizer: its tokenizer (a name/path, or an object); default: ``pretrained``'s.
+        peft: a ``peft`` adapter folder or Hub id to load on top of ``pretrained`` (a LoRA student).
+        dtype: ``auto``, ``bfloat16``, ``float16`` or ``float32``.
+        device: default ``cuda`` when available, else ``cpu``; under ``accelerate launch``, each process's device.
+        batch_size: prompts per ``diffusion_generate`` call (``generate_until``); a number, not ``auto``.
+        seed: seed of the sampling generator (``generate_until``) and of the Monte Carlo noise (``loglikelihood``).
+        mc_num: Monte Carlo samples per ``loglikelihood`` request (LLaDA's evaluation uses 128).
+        mc_batch_size: noisy copies per forward pass in ``loglikelihood``.
+        **generation_kwargs: ``DiffusionGenerationConfig`` fields (``block_length``, ``tokens_per_step``,
+            ``threshold``...), over the settings saved with the model.
+    """
+
+    def __init__(
+        self,
+        pretrained: str | torch.nn.Module,
+        tokenizer: Any = None,
+        peft: str | None = None,
+        dtype: str = "auto",
+        device: str | None = None,
+        batch_size: int | str = 8,
+        seed: int = 0,
+        mc_num: int = 128,
+        mc_batch_size: int = 32,
+        **generation_kwargs: Any,
+    ) -> None:
+        super().__init__()
+        unknown = sorted(set(generation_kwargs) - _GENERATION_FIELDS)
+        if unknown:
+            raise TypeError(
+                f"unknown t3d model argument(s) {unknown}; the model takes pretrained, tokenizer, peft, dtype, "
+                f"device, batch_size, seed, mc_num, mc_batch_size and the generation settings {sorted(_GENERATION_FIELDS)}"
+            )
+        if not str(batch_size).isdigit() or int(batch_size) < 1:
+            raise ValueError(f"batch_size must be a positive number (no 'auto'), got {batch_size!r}")
+        if int(mc_num) < 1 or int(mc_batch_size) < 1:
+            raise ValueError(f"mc_num and mc_batch_size must be positive, got {mc_num} and {mc_batch_size}")
+        self.batch_size, self.seed = int(batch_size), int(seed)
+        self.mc_num, self.mc_batch_size = int(mc_num), int(mc_batch_size)
+
+        self.accelerator = None
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # launched with accelerate / torchrun: data parallel
+            from accelerate import Accelerator
+
+            accelerator = Accelerator()
+            if accelerator.num_processes > 1:
+                self.accelerator, device = accelerator, str(accelerator.device)
+                self._rank, self._world_size = accelerator.process_index, accelerator.num_processes
+            else:  # e.g. torchrun on CPUs without ACCELERATE_USE_CPU=1: every process would run every request
+                logger.warning(
+                    "WORLD_SIZE=%s but accelerate set up a single process: not data parallel (on CPUs, set "
+                    "ACCELERATE_USE_CPU=1)",
+                    os.environ["WORLD_SIZE"],
+                )
+        if device is None or (str(device).startswith("cuda") and not torch.cuda.is_available()):
+            if device is not None:  # lm_eval's --device defaults to cuda:0
+                logger.warning("device %r is not available: running on the CPU", device)
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if isinstance(pretrained, str):
+            model, loaded_tokenizer = load_model(pretrained, dtype, device)
+            tokenizer = tokenizer or loaded_tokenizer
+        else:
+            if tokenizer is None:
+                raise ValueError(
+                    "a model passed as an object needs its tokenizer: DiffusionLM(model, tokenizer=...)"
+                )
+            model = pretrained.to(device).eval()
+        if isinstance(tokenizer, str):
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+        if peft is not None:
+            from peft import PeftModel
+
+            model = PeftModel.from_pretrained(model, peft).eval()
+        self.model, self.tokenizer = model, tokenizer
+        self._device = torch.device(device)
+        self.pretrained_name = (
+            pretrained if isinstance(pretrained, str) else type(unwrap_model(model)).__name__
+        )
+        self.diffusion = DiffusionConfig.from_model_config(unwrap_model(model).config)
+        self.generation_config = model.diffusion_generation_config.update(**generation_kwargs)
+        self._explicit = set(generation_kwargs)  # model arguments win over the task's generation arguments
+        self.stats: dict[str, float] = defaultdict(float)
+
+    # ------------------------------------------------------------------------------------------ tokenisation
+    @property
+    def eot_token_id(self) -> int:
+        eos = self.tokenizer.eos_token_id
+        return eos if eos is not None else self.tokenizer.pad_token_id
+
+    @property
+    def prefix_token_id(self) -> int:
+        bos = self.tokenizer.bos_token_id
+        return bos if bos is not None else self.eot_token_id
+
+    @property
+    def tokenizer_name(self) -> str:
+        return str(getattr(self.tokenizer, "name_or_path", "") or self.pretrained_name).replace("/", "__")
+
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs: Any) -> list[int]:
+        if add_special_tokens is None:  # a chat rendering already starts with its BOS
+            bos = self.tokenizer.bos_token
+            add_special_tokens = not (bos and string.startswith(bos))
+        return self.tokenizer(string, add_special_tokens=add_special_tokens)["input_ids"]
+
+    def chat_template(self, chat_template: bool | str = False) -> str | None:
+        if chat_template is False or chat_template is None:
+            return None
+        return chat_template if isinstance(chat_template, str) else self.tokenizer.chat_template
+
+    def apply_chat_template(
+        self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True
+    ) -> str:
+        return self.tokenizer.apply_chat_template(
+            chat_history, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+
+    # ------------------------------------------------------------------------------------------ data parallel
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor if self.accelerator is None else self.accelerator.gather(tensor)
+
+    def gather_object(self, obj: Any, dst: int = 0) -> list[Any] | None:
+        if self.accelerator is None:
+            return [obj]
+        gathered = [None] * self.world_size if self.rank == dst else None
+        torch.distributed.gather_object(obj, gathered, dst=dst)
+        return gathered
+
+    def barrier(self) -> None:
+        if self.accelerator is not None:
+            self.accelerator.wait_for_everyone()
+
+    # ------------------------------------------------------------------------------------------ generation
+    def _generation_length(self, max_gen_toks: int | None) -> int:
+        """The task's ``max_gen_toks`` rounded up to whole blocks, unless ``max_new_tokens`` was a model argument."""
+        if "max_new_tokens" in self._explicit or max_gen_toks is None:
+            return self.generation_config.max_new_tokens
+        block = self.generation_config.block_length or self.diffusion.block_size or int(max_gen_toks)
+        return math.ceil(int(max_gen_toks) / block) * block
+
+    def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
+        """Decode every request's context; cut each completion at the first of its ``until`` strings."""
+        groups: dict[tuple, list[int]] = defaultdict(list)
+        for index, request in enumerate(requests):
+            kwargs = dict(request.args[1])
+            until = kwargs.pop("until", None) or []
+            until = [until] if isinstance(until, str) else list(until)
+            do_sample = kwargs.pop("do_sample", None)
+            temperature = kwargs.pop("temperature", None)
+            max_gen_toks = kwargs.pop("max_gen_toks", None)
+            if kwargs:
+                logger.warning("t3d model ignores generation arguments %s of the task", sorted(kwargs))
+            if do_sample is False:
+                temperature = 0.0
+            groups[(tuple(until), max_gen_toks, temperature)].append(index)
+        results: list[str] = [""] * len(requests)
+        totals = [0.0, 0.0, 0.0, 0.0]  # samples, tokens, nfe, seconds of this call on this process
+        generator = torch.Generator(device=self._device).manual_seed(self.seed)
+        bar = tqdm(total=len(requests), desc="t3d generate_until", disable=disable_tqdm or self.rank != 0)
+        for (until, max_gen_toks, temperature), indices in groups.items():
+            overrides: dict[str, Any] = {"max_new_tokens": self._generation_length(max_gen_toks)}
+            if temperature is not None and "temperature" not in self._explicit:
+                overrides["temperature"] = float(temperature)
+            config = self.generation_config.update(**overrides)
+            contexts = [requests[i].args[0] for i in indices]
+            out = generate_completions(
+                self.model,
+                self.tokenizer,
+                contexts,
+                config,
+                use_chat_template=False,  # lm-eval renders the chat template itself (--apply_chat_template)
+                batch_size=self.batch_size,
+                generator=generator,
+                progress=False,
+            )
+            for i, completion in zip(indices, out.completions):
+                for stop in until:
+                    if stop:
+                        completion = completion.split(stop, 1)[0]
+                results[i] = completion
+                self.cache_hook.add_partial("generate_until", requests[i].args, completion)
+            for k, value in enumerate((len(indices), sum(out.num_tokens), sum(out.nfe), out.seconds)):
+                totals[k] += value
+            bar.update(len(indices))
+        bar.close()
+        self._record(totals)  # once per call: every process makes the same calls (lm-eval pads the requests)
+        logger.info("t3d decoding: %s", self.decoding_stats())
+        return results
+
+    def _record(self, totals: list[float]) -> None:
+        """Add this call's totals, summed over processes, to :attr:`stats`."""
+        summed = self.all_gather(torch.tensor([totals], dtype=torch.float64, device=self._device)).sum(0)
+        for key, value in zip(("samples", "tokens", "nfe", "seconds"), summed.tolist()):
+            self.stats[key] += value
+
+    def decoding_stats(self) -> dict[str, float]:
+        """NFE and speed of every ``generate_until`` call so far, over all processes.
+
+        ``mean_nfe``: denoising forward passes per sample; ``tokens_per_second``: generated tokens (up to the first
+        EOS) per second inside ``diffusion_generate``, per process (all tokens over all processes' decoding
+        time); ``tokens_per_step``: generated tokens per forward pass.
+        """
+        s = self.stats
+        if not s["samples"]:
+            return {}
+        return {
+            "samples": int(s["samples"]),
+            "mean_nfe": s["nfe"] / s["samples"],
+            "mean_output_length": s["tokens"] / s["samples"],
+            "tokens_per_second": s["tokens"] / s["seconds"] if s["seconds"] > 0 else float("nan"),
+            "tokens_per_step": s["tokens"] / s["nfe"] if s["nfe"] else float("nan"),
+        }
+
+    def get_model_info(self) -> dict[str, Any]:
+        """What lm-eval writes into the results' ``config``: the decoding settings and their measured cost."""
+        return {
+            "t3d_generation_config": self.generation_config.to_dict(),
+            "t3d_loglikelihood": {"mc_num": self.mc_num, "seed": self.seed},
+            "t3d_decoding": self.decoding_stats(),
+        }
+
+    # ------------------------------------------------------------------------------------------ scoring
+    def _collator(self) -> DataCollatorForDiffusion:
+        block = self.generation_config.block_length or self.diffusion.block_size or 1
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eot_token_id
+        return DataCollatorForDiffusion(self.diffusion, block, pad, states="random", seed=self.seed)
+
+    @torch.no_grad()
+    def _elbo(self, context: list[int], continuation: list[int], collator: DataCollatorForDiffusion) -> float:
+        """Monte Carlo ELBO of ``log p(continuation | context)``: mean over ``mc_num`` noisy copies."""
+        model, dtype = self.model, unwrap_model(self.model).dtype
+        rows = [
+            {"prompt_ids": context, "completion_ids": continuation, "row_index": j}
+            for j in range(self.mc_num)
+        ]
+        total = 0.0
+        for start in range(0, len(rows), self.mc_batch_size):
+            batch = {
+                k: v.to(self._device) for k, v in collator(rows[start : start + self.mc_batch_size]).items()
+            }
+            mask = diffusion_attention_mask(
+                batch, collator.block_length, self.diffusion.is_block_causal, dtype, accepts_4d_mask(model)
+            )
+            logits, _ = diffusion_forward(
+                model, self.diffusion, batch["input_ids"], mask, batch["position_ids"], keep=batch["keep"]
+            )
+            logps = logits.float().log_softmax(-1).gather(-1, batch["targets"].unsqueeze(-1)).squeeze(-1)
+            weights = torch.where(
+                batch["loss_mask"], 1.0 / batch["mask_prob"], torch.zeros_like(batch["mask_prob"])
+            )
+            total += float((logps * weights).sum())
+        return total / len(rows)
+
+    def _greedy(self, context: list[int], continuation: list[int]) -> bool:
+        """Whether greedy decoding of ``len(continuation)`` tokens (rounded up to whole blocks) starts with it."""
+        config = self.generation_config.update(
+            max_new_tokens=self._generation_length(len(continuation)), temperature=0.0, stop_at_eos=False
+        )
+        prompt = torch.tensor([context], dtype=torch.long, device=self._device)
+        out = self.model.diffusion_generate(prompt, torch.ones_like(prompt), generation_config=config)
+        return out[0, len(context) : len(context) + len(continuation)].tolist() == list(continuation)
+
+    def _loglikelihood_tokens(self, requests: list[Any], disable_tqdm: bool = False, **kwargs: Any) -> list:
+        collator = self._collator()
+        results = []
+        for pair, context, continuation in tqdm(
+            requests, desc="t3d loglikelihood", disable=disable_tqdm or self.rank != 0
+        ):
+            if not continuation:
+                raise ValueError(f"loglikelihood needs a non-empty continuation, got {pair!r}")
+            answer = (self._elbo(context, continuation, collator), self._greedy(context, continuation))
+            self.cache_hook.add_partial("loglikelihood", pair, answer)
+            results.append(answer)
+        return results
+
+    def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
+        raise NotImplementedError(
+            "the t3d model does not implement loglikelihood_rolling (perplexity tasks such as wikitext): a diffusion "
+            "LM has no left-to-right likelihood to roll over a document; use generate_until or multiple-choice tasks"
+        )

@@ -1,0 +1,227 @@
+"""The lm-evaluation-harness model ``t3d`` (t3d_trl.integrations.lm_eval), offline, on local task YAMLs."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import lm_eval
+import pytest
+import torch
+from conftest import build_bidirectional_model, build_block_causal_model
+from lm_eval.api.instance import Instance
+from lm_eval.tasks import TaskManager
+
+from t3d_trl.cli.main import COMMANDS
+from t3d_trl.cli.main import main as cli_main
+from t3d_trl.demo import get_task
+from t3d_trl.demo.quickstart import PACKAGED_TEACHERS
+from t3d_trl.evaluation.benchmarks import Benchmark, register_benchmark
+from t3d_trl.evaluation.runner import generate_completions
+from t3d_trl.integrations.lm_eval import DiffusionLM
+
+TASKS = Path(__file__).parent / "data" / "lm_eval"
+TEACHER = PACKAGED_TEACHERS / "sort2"
+
+
+@pytest.fixture
+def task_dir(monkeypatch):
+    # The task YAMLs name their jsonl files relative to this folder, as a user's own task folder would.
+    monkeypatch.chdir(TASKS)
+    return TaskManager(include_path=str(TASKS), include_defaults=False)
+
+
+@pytest.mark.parametrize("build", [build_bidirectional_model, build_block_causal_model])
+def test_tiny_tasks_run_end_to_end(build, tokenizer, task_dir):
+    model = build(tokenizer)
+    lm = DiffusionLM(model, tokenizer=tokenizer, device="cpu", block_length=4, tokens_per_step=2, mc_num=4)
+    out = lm_eval.simple_evaluate(
+        model=lm, tasks=["t3d_tiny_generate", "t3d_tiny_choice"], task_manager=task_dir, log_samples=True
+    )
+    assert 0 <= out["results"]["t3d_tiny_generate"]["exact_match,none"] <= 1
+    assert 0 <= out["results"]["t3d_tiny_choice"]["acc,none"] <= 1
+    # The decoding cost is reported next to the metrics.
+    stats = out["config"]["t3d_decoding"]
+    assert stats["samples"] == 4 and stats["mean_nfe"] > 0 and stats["tokens_per_second"] > 0
+    assert out["config"]["t3d_generation_config"]["tokens_per_step"] == 2
+    # generate_until is generate_completions on the rendered prompts, cut at the task's `until` ("\n"), with
+    # max_gen_toks=6 rounded up to two blocks of 4.
+    samples = out["samples"]["t3d_tiny_generate"]
+    contexts = [s["arguments"][0][0] for s in samples]
+    config = model.diffusion_generation_config.update(block_length=4, tokens_per_step=2, max_new_tokens=8)
+    expected = generate_completions(
+        model,
+        tokenizer,
+        contexts,
+        config,
+        use_chat_template=False,
+        generator=torch.Generator().manual_seed(0),
+        progress=False,
+    )
+    assert [s["resps"][0][0] for s in samples] == [c.split("\n", 1)[0] for c in expected.completions]
+
+
+def test_generate_until_honours_until_and_groups_generation_arguments(tokenizer):
+    model = build_bidirectional_model(tokenizer)
+    lm = DiffusionLM(model, tokenizer=tokenizer, device="cpu", block_length=4, tokens_per_step=1)
+    context = "Q: 2+2=\nA:"
+    free = lm.generate_until([Instance("generate_until", {}, (context, {"until": [], "max_gen_toks": 8}), 0)])
+    assert len(free[0]) > 1
+    stop = free[0][1]  # a character the model writes: cutting there leaves one character
+    cut = lm.generate_until(
+        [
+            Instance("generate_until", {}, (context, {"until": [stop], "max_gen_toks": 8}), 0),
+            Instance("generate_until", {}, (context, {"until": [], "max_gen_toks": 4}), 1),
+        ]
+    )
+    assert cut[0] == free[0].split(stop, 1)[0]
+    assert len(cut[1]) <= 4  # its own group, decoded with max_new_tokens=4
+    assert lm.decoding_stats()["samples"] == 3
+
+
+def test_demo_teacher_scores_what_t3d_trl_eval_says(tmp_path, task_dir, capsys):
+    """The packaged teacher on the demo's sort2 prompts, block 8 and 4 tokens per step (a few-step setting where
+    it is not always right): the `t3d-trl lm-eval` and `t3d-trl eval` commands agree sample by sample."""
+    argv = [
+        "lm-eval",
+        "--model",
+        "t3d",
+        "--model_args",
+        f"pretrained={TEACHER},block_length=8,tokens_per_step=4",
+    ]
+    argv += ["--device", "cpu", "--tasks", "t3d_demo_sort2", "--include_path", str(TASKS)]
+    argv += ["--output_path", str(tmp_path / "lm_eval"), "--log_samples"]
+    assert cli_main(argv) == 0
+    assert "t3d_demo_sort2" in capsys.readouterr().out  # lm_eval's own results table
+    (results_file,) = (tmp_path / "lm_eval").rglob("results_*.json")
+    results = json.loads(results_file.read_text())
+    assert results["config"]["t3d_decoding"]["mean_nfe"] == 2  # 8 tokens, 4 per step
+    (samples_file,) = (tmp_path / "lm_eval").rglob("samples_t3d_demo_sort2_*.jsonl")
+    lm_eval_completions = {
+        json.loads(line)["doc"]["id"]: json.loads(line)["resps"][0][0] for line in samples_file.open()
+    }
+
+    task = get_task("sort2")
+    register_benchmark(
+        "lm-eval-demo-sort2",
+        Benchmark(
+            name="demo-sort2",
+            path="t3d-trl/demo-sort2",
+            columns={"problem": "prompt", "id": "id"},
+            checker=lambda completions, examples: [
+                task.is_valid(e["problem"], c) for c, e in zip(completions, examples)
+            ],
+        ),
+        overwrite=True,
+    )
+    argv = ["eval", "--models", f"teacher={TEACHER}", "--benchmarks", "lm-eval-demo-sort2", "--device", "cpu"]
+    argv += ["--data_files", f"lm-eval-demo-sort2={TASKS / 'demo_sort2.jsonl'}", "--no_use_chat_template"]
+    argv += ["--block_lengths", "8", "--tokens_per_step", "4", "--output_dir", str(tmp_path / "eval")]
+    assert cli_main(argv) == 0
+    (run,) = json.loads((tmp_path / "eval" / "results.json").read_text())["results"]
+    records = [json.loads(line) for line in (tmp_path / "eval" / run["samples_file"]).open()]
+    assert {r["id"]: r["completion"] for r in records} == lm_eval_completions
+    accuracy = run["metrics"]["accuracy"]
+    assert results["results"]["t3d_demo_sort2"]["valid,none"] == pytest.approx(accuracy)
+    assert 0 < accuracy < 1  # the setting discriminates: a silent change of decoding would show
+    assert run["metrics"]["mean_nfe"] == results["config"]["t3d_decoding"]["mean_nfe"]
+
+
+def test_loglikelihood_prefers_the_valid_answer_and_is_reproducible(task_dir):
+    lm = DiffusionLM(str(TEACHER), device="cpu", mc_num=8, mc_batch_size=8, seed=3)
+    out = lm_eval.simple_evaluate(model=lm, tasks=["t3d_demo_sort2_choice"], task_manager=task_dir)
+    assert out["results"]["t3d_demo_sort2_choice"]["acc,none"] >= 0.9
+    assert out["config"]["t3d_loglikelihood"] == {"mc_num": 8, "seed": 3}
+
+    row = json.loads((TASKS / "demo_sort2.jsonl").open().readline())
+    requests = [
+        Instance("loglikelihood", {}, (row["prompt"], " " + choice), i)
+        for i, choice in enumerate(row["choices"])
+    ]
+    (valid, valid_greedy), (invalid, invalid_greedy) = lm.loglikelihood(requests)
+    assert valid > invalid and valid <= 0
+    assert valid_greedy != invalid_greedy or not valid_greedy  # greedy decoding reproduces at most one
+    again = DiffusionLM(str(TEACHER), device="cpu", mc_num=8, mc_batch_size=3, seed=3)
+    assert again.loglikelihood(requests[:1])[0][0] == pytest.approx(
+        valid, rel=1e-5
+    )  # same noise, other batches
+    other_seed = DiffusionLM(str(TEACHER), device="cpu", mc_num=8, seed=4)
+    assert other_seed.loglikelihood(requests[:1])[0][0] != pytest.approx(valid, rel=1e-9)
+
+
+def test_data_parallel_run_matches_one_process(tokenizer, task_dir, tmp_path):
+    """Two processes (torchrun, gloo on the CPU) split the requests and give the one-process answers."""
+    model = build_bidirectional_model(tokenizer)
+    model.save_pretrained(tmp_path / "tiny")
+    tokenizer.save_pretrained(tmp_path / "tiny")
+    args = f"pretrained={tmp_path / 'tiny'},block_length=4,tokens_per_step=2,mc_num=4"
+    tasks = ["t3d_tiny_generate", "t3d_tiny_choice"]
+    single = lm_eval.simple_evaluate(
+        model="t3d", model_args=args, tasks=tasks, task_manager=task_dir, log_samples=True, device="cpu"
+    )
+    with socket.socket() as free:  # a free rendezvous port: other test sessions may run torchrun too
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    launch = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(port),
+    ]
+    command = ["-m", "t3d_trl.cli.main", "lm-eval", "--model", "t3d", "--model_args", args, "--device", "cpu"]
+    command += [
+        "--tasks",
+        ",".join(tasks),
+        "--include_path",
+        str(TASKS),
+        "--output_path",
+        str(tmp_path / "out"),
+    ]
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+    run = subprocess.run(
+        [*launch, *command, "--log_samples"], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "on rank 1" in run.stderr + run.stdout  # the second process took its share
+    (results_file,) = (tmp_path / "out").rglob("results_*.json")
+    results = json.loads(results_file.read_text())
+    assert results["config"]["t3d_decoding"]["samples"] == 4  # gathered over both processes
+    for task in tasks:
+        (samples_file,) = (tmp_path / "out").rglob(f"samples_{task}_*.jsonl")
+        parallel = {
+            json.loads(line)["doc_id"]: _leaves(json.loads(line)["resps"]) for line in samples_file.open()
+        }
+        assert parallel == {s["doc_id"]: _leaves(s["resps"]) for s in single["samples"][task]}
+
+
+def _leaves(value):
+    """Responses with every leaf as a string, as lm-eval writes them to its samples files."""
+    return [_leaves(v) for v in value] if isinstance(value, (list, tuple)) else str(value)
+
+
+def test_refusals_and_argument_errors(tokenizer):
+    model = build_bidirectional_model(tokenizer)
+    lm = DiffusionLM(model, tokenizer=tokenizer, device="cpu")
+    with pytest.raises(NotImplementedError, match="loglikelihood_rolling"):
+        lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, ("some text",), 0)])
+    with pytest.raises(TypeError, match="unknown t3d model argument"):
+        DiffusionLM(model, tokenizer=tokenizer, device="cpu", block_lenght=4)
+    with pytest.raises(ValueError, match="batch_size"):
+        DiffusionLM(model, tokenizer=tokenizer, device="cpu", batch_size="auto")
+    with pytest.raises(ValueError, match="tokenizer"):
+        DiffusionLM(model, device="cpu")
+    with pytest.raises(ValueError, match="tokens_per_step"):
+        DiffusionLM(model, tokenizer=tokenizer, device="cpu", steps=4, tokens_per_step=2)
+
+
+def test_lm_eval_command_help(capsys):
+    assert cli_main(["lm-eval", "--help"]) == 0
+    assert "--model_args" in capsys.readouterr().out
+    assert COMMANDS["lm-eval"][0] == "lm_eval"
