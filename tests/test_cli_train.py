@@ -21,7 +21,7 @@ SETTINGS = dict(
     logging_steps=1,
     save_strategy="no",
     report_to="none",
-    gradient_checkpointing=False,
+    activation_checkpointing=False,
     disable_tqdm=True,
     use_cpu=True,
 )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import shutil
+import warnings
 from pathlib import Path
 
 import pytest
@@ -42,7 +43,7 @@ def config(tmp_path, **overrides) -> T3DConfig:
         logging_steps=1,
         save_strategy="no",
         report_to="none",
-        gradient_checkpointing=False,
+        activation_checkpointing=False,
         disable_tqdm=True,
         ref_sync_steps=100,
     )
@@ -67,7 +68,7 @@ def logged(trainer, key="loss") -> list[float]:
     [
         ("t3d", "bidirectional", {}),
         # TRL's defaults on a CPU: gradient checkpointing on, bf16 (CPU autocast) when asked for.
-        ("t3d", "block_causal", {"gradient_checkpointing": True, "bf16": True, "use_cpu": True}),
+        ("t3d", "block_causal", {"activation_checkpointing": True, "bf16": True, "use_cpu": True}),
         ("ddo", "bidirectional", {}),
         ("ddo", "block_causal", {"fake_estimator": "expectation"}),
         ("td", "block_causal", {}),
@@ -122,7 +123,7 @@ def test_peft_lora_trains_with_a_reference_adapter_and_saves_an_adapter_that_loa
     from peft import LoraConfig, PeftModel
 
     lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
-    args = config(tmp_path, max_steps=4, ref_sync_steps=3, gradient_checkpointing=True)
+    args = config(tmp_path, max_steps=4, ref_sync_steps=3, activation_checkpointing=True)
     trainer = train(tokenizer, trajectories["bidirectional"], args, peft_config=lora)
     assert trainer.ref_model is None  # no second copy of the base model
     model = trainer.model
@@ -268,11 +269,15 @@ def test_invalid_configurations_fail_at_construction(tmp_path, overrides, messag
 
 
 def test_config_defaults_follow_the_paper_and_work_on_cpu(tmp_path):
-    args = T3DConfig(output_dir=str(tmp_path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no deprecation warning from our own defaults on every run
+        args = T3DConfig(output_dir=str(tmp_path))
     assert (args.loss_type, args.beta, args.fake_weight, args.lambda_path) == ("t3d", 0.1, 0.5, 0.2)
     assert (args.path_weighting, args.ref_sync_steps, args.random_token_prob) == ("early", 10, 0.1)
     assert args.fake_estimator == "argmax"  # the reference code's fake samples
     assert (args.max_prompt_length, args.max_completion_length, args.learning_rate) == (512, 1024, 1e-5)
     if not torch.cuda.is_available():
         assert args.bf16 is False  # TRL's bf16 default would refuse to start on a CPU-only machine
-    assert args.gradient_checkpointing is True
+    assert args.activation_checkpointing is True and args.gradient_checkpointing is True  # TRL's default
+    if not torch.accelerator.is_available():
+        assert args.dataloader_pin_memory is False  # torch warns about pinned memory without an accelerator

@@ -9,6 +9,7 @@ over several GPUs or processes.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ import datasets
 import torch
 
 from ..data.hub import push_trajectories_to_hub
-from ..data.trajectories import _process_group, collect_trajectories
+from ..data.trajectories import _process_group, collect_trajectories, collection_summary
 from ..generation.configuration import DiffusionGenerationConfig
 from .parsing import parse_recipe
 
@@ -152,6 +153,15 @@ def run(config: CollectConfig) -> datasets.Dataset:
 
 def main(argv: list[str]) -> int:
     (config,) = parse_recipe([CollectConfig], argv, prog="t3d-trl collect", description=__doc__)
-    dataset = run(config)
-    print(f"{len(dataset)} trajectories saved to {config.output_dir}")
+    try:
+        run(config)
+    except KeyboardInterrupt:
+        print(
+            f"t3d-trl collect: interrupted; the finished batches are kept in {config.output_dir}. "
+            "Rerun the same command to resume.",
+            file=sys.stderr,
+        )
+        return 130
+    if _process_group()[0] == 0:  # one line, not one per process
+        print(collection_summary(config.output_dir))
     return 0
