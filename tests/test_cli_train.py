@@ -44,7 +44,7 @@ def write_yaml(path: Path, values: dict) -> str:
     return str(path)
 
 
-def test_two_process_cli_run_matches_the_one_process_python_api(tokenizer, files, tmp_path):
+def test_two_process_cli_run_matches_the_one_process_python_api(tokenizer, files, tmp_path, capfd):
     from t3d_trl import load_trajectories
 
     model_dir, data_dir = files
@@ -76,7 +76,11 @@ def test_two_process_cli_run_matches_the_one_process_python_api(tokenizer, files
         "accelerate_config": write_yaml(tmp_path / "accelerate.yaml", launcher),
         **SETTINGS,
     }
+    capfd.readouterr()
     assert main(["train", "--config", write_yaml(tmp_path / "recipe.yaml", recipe)]) == 0
+    captured = capfd.readouterr()
+    assert captured.out.count("model saved to") == 1  # not once per process
+    assert "FutureWarning" not in captured.err and "pin_memory" not in captured.err
 
     out = tmp_path / "cli"
     log = json.loads((out / "trainer_state.json").read_text())["log_history"][0]
@@ -106,3 +110,35 @@ def test_flags_override_the_recipe_and_bad_recipes_exit_2(files, tmp_path, capsy
     del recipe["dataset_name"]
     assert main(["train", "--config", write_yaml(tmp_path / "none.yaml", recipe)]) == 2
     assert "dataset_name" in capsys.readouterr().err
+
+
+def failure(argv: list[str], capsys) -> str:
+    """The message of a command that fails, whether the dispatcher prints library errors or lets them raise."""
+    try:
+        status = main(argv)
+    except ValueError as err:
+        return str(err)
+    assert status != 0
+    return capsys.readouterr().err
+
+
+def test_rerun_resumes_or_refuses_and_leaves_no_cache_files(files, tmp_path, capsys):
+    model_dir, data_dir = files
+    recipe = {
+        "model_name_or_path": str(model_dir),
+        "dataset_name": str(data_dir),
+        "output_dir": str(tmp_path / "o"),
+    }
+    recipe.update(SETTINGS, save_strategy="steps", save_steps=1, per_device_train_batch_size=4)
+    path = write_yaml(tmp_path / "recipe.yaml", recipe)
+    assert main(["train", "--config", path]) == 0
+    assert not list(data_dir.glob("cache-*"))  # the trajectory folder holds only the dataset
+
+    message = failure(["train", "--config", path, "--max_steps", "2"], capsys)
+    assert "already holds checkpoint-1" in message and "--resume_from_checkpoint true" in message
+    assert "\n" not in message.strip()
+    assert main(["train", "--config", path, "--max_steps", "2", "--resume_from_checkpoint", "true"]) == 0
+    state = json.loads((tmp_path / "o" / "trainer_state.json").read_text())
+    assert state["global_step"] == 2
+    assert main(["train", "--config", path, "--overwrite_output_dir", "true"]) == 0
+    assert sorted(p.name for p in (tmp_path / "o").glob("checkpoint-*")) == ["checkpoint-1"]

@@ -281,3 +281,60 @@ def test_config_defaults_follow_the_paper_and_work_on_cpu(tmp_path):
     assert args.activation_checkpointing is True and args.gradient_checkpointing is True  # TRL's default
     if not torch.accelerator.is_available():
         assert args.dataloader_pin_memory is False  # torch warns about pinned memory without an accelerator
+
+
+def test_reruns_into_a_folder_with_checkpoints_resume_or_refuse(
+    tokenizer, trajectories, tmp_path, monkeypatch
+):
+    dataset = trajectories["bidirectional"]
+    out = tmp_path / "out"
+
+    def trainer(**overrides) -> T3DTrainer:
+        args = config(tmp_path, save_strategy="steps", save_steps=1, **overrides)
+        return T3DTrainer(build_bidirectional_model(tokenizer, seed=1), args, train_dataset=dataset)
+
+    trainer(max_steps=2).train()
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
+    with pytest.raises(
+        ValueError, match=r"already holds checkpoint-1, checkpoint-2: pass resume_from_checkpoint"
+    ):
+        trainer(max_steps=3).train()  # a plain rerun would mix two runs' checkpoints
+
+    (out / "checkpoint-7").mkdir()  # cut short by a kill: no trainer_state.json, so not resumed from
+    resumed = trainer(max_steps=3)
+    steps = []
+    real = T3DTrainer.compute_loss
+    monkeypatch.setattr(
+        T3DTrainer, "compute_loss", lambda self, *a, **k: steps.append(1) or real(self, *a, **k)
+    )
+    resumed.train(resume_from_checkpoint="true")  # what `--resume_from_checkpoint true` passes
+    assert resumed.state.global_step == 3 and len(steps) == 1  # steps 1-2 came from checkpoint-2
+    monkeypatch.undo()
+
+    fresh = trainer(max_steps=1, overwrite_output_dir=True)
+    fresh.train()
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-1"]  # older checkpoints deleted
+
+    # A save that fails half-way leaves no checkpoint folder for a resume to pick up.
+    def disk_full(self, output_dir):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(T3DTrainer, "_save_optimizer_and_scheduler", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        trainer(max_steps=1, overwrite_output_dir=True).train()
+    assert not list(out.glob("checkpoint-*"))
+
+
+def test_rows_beyond_the_model_positions_are_dropped_with_a_warning(
+    tokenizer, trajectories, tmp_path, caplog
+):
+    dataset = trajectories["bidirectional"]
+    totals = [len(p) + len(c) for p, c in zip(dataset["prompt_ids"], dataset["completion_ids"])]
+    limit = sorted(totals)[1]  # the two shortest rows fit
+    model = build_bidirectional_model(tokenizer, seed=1, max_position_embeddings=limit)
+    with caplog.at_level("WARNING"):
+        trainer = T3DTrainer(model, config(tmp_path), train_dataset=dataset)
+    kept = sum(t <= limit for t in totals)
+    assert len(trainer.train_dataset) == kept < len(dataset)
+    assert f"dropped {len(dataset) - kept} of {len(dataset)} rows" in caplog.text
+    assert f"longer than the model's max_position_embeddings={limit}" in caplog.text
