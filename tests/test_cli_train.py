@@ -92,14 +92,18 @@ def test_two_process_cli_run_matches_the_one_process_python_api(tokenizer, files
     assert "- t3d" in (out / "README.md").read_text()
 
 
-def test_flags_override_the_recipe_and_bad_recipes_exit_2(files, tmp_path, capsys):
+def one_process_recipe(files, tmp_path, **overrides) -> dict:
     model_dir, data_dir = files
     recipe = {
         "model_name_or_path": str(model_dir),
         "dataset_name": str(data_dir),
         "output_dir": str(tmp_path / "o"),
     }
-    recipe.update(SETTINGS, loss_type="td", per_device_train_batch_size=4)
+    return {**recipe, **SETTINGS, "per_device_train_batch_size": 4, **overrides}
+
+
+def test_flags_override_the_recipe_and_bad_recipes_exit_2(files, tmp_path, capsys):
+    recipe = one_process_recipe(files, tmp_path, loss_type="td")
     path = write_yaml(tmp_path / "recipe.yaml", recipe)
     assert main(["train", "--config", path, "--max_steps", "2"]) == 0
     state = json.loads((tmp_path / "o" / "trainer_state.json").read_text())
@@ -123,16 +127,10 @@ def failure(argv: list[str], capsys) -> str:
 
 
 def test_rerun_resumes_or_refuses_and_leaves_no_cache_files(files, tmp_path, capsys):
-    model_dir, data_dir = files
-    recipe = {
-        "model_name_or_path": str(model_dir),
-        "dataset_name": str(data_dir),
-        "output_dir": str(tmp_path / "o"),
-    }
-    recipe.update(SETTINGS, save_strategy="steps", save_steps=1, per_device_train_batch_size=4)
+    recipe = one_process_recipe(files, tmp_path, save_strategy="steps", save_steps=1)
     path = write_yaml(tmp_path / "recipe.yaml", recipe)
     assert main(["train", "--config", path]) == 0
-    assert not list(data_dir.glob("cache-*"))  # the trajectory folder holds only the dataset
+    assert not list(files[1].glob("cache-*"))  # the trajectory folder holds only the dataset
 
     message = failure(["train", "--config", path, "--max_steps", "2"], capsys)
     assert "already holds checkpoint-1" in message and "--resume_from_checkpoint true" in message

@@ -300,15 +300,9 @@ def _check_manifest(output_dir: Path, manifest: dict[str, Any], is_main: bool, b
         if not path.exists():
             path.write_text(json.dumps(manifest, indent=2))
     barrier()
-    try:
-        saved = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(
-            f"{path} is not valid JSON ({err}): it records the collection's settings; delete {output_dir} "
-            "to start over"
-        ) from err
-    saved.pop(SUMMARY_KEY, None)  # counts of an earlier merge, not a setting
+    saved = json.loads(path.read_text())
     # A newer package version may resume an older collection; everything else must match.
+    saved.pop(SUMMARY_KEY, None)  # the counts of an earlier merge are not a setting
     saved["metadata"].pop("t3d_trl_version", None)
     current = json.loads(json.dumps(manifest))
     current["metadata"].pop("t3d_trl_version", None)
