@@ -537,7 +537,7 @@ def test_damaged_shards_are_decoded_again(tmp_path, tokenizer, bidirectional_mod
         rerun = collect(bidirectional_model, tokenizer, out)
     assert len(calls) == 3  # each damaged shard was decoded again, none dropped
     assert rerun.to_list() == reference.to_list()
-    for shard, problem in zip(shards, ["column 'decode_step' is empty", "'zzz'", "decode_step[0]=99"]):
+    for shard, problem in zip(shards, ["lacks column(s) ['decode_step']", "'zzz'", "decode_step[0]=99"]):
         assert f"shard {shard} fails validation" in caplog.text and problem in caplog.text
     assert collection_summary(out) == f"8 prompts, 8 trajectories saved to {out}, none dropped"
     assert not list(out.glob("cache-*.arrow"))

@@ -276,6 +276,9 @@ def _shard_problem(
 ) -> str | None:
     """What is wrong with a written shard, or ``None`` when it holds exactly its batch's valid rows."""
     try:
+        missing = [name for name in features if name not in pq.read_schema(path).names]
+        if missing:  # read with the schema, they would come back as nulls
+            return f"it lacks column(s) {missing}"
         table = pq.read_table(path, schema=features.arrow_schema)
     except (pa.ArrowException, OSError, ValueError, KeyError) as err:  # truncated, other columns or types
         return f"it cannot be read with the collection's columns ({type(err).__name__}: {err})"
