@@ -118,7 +118,7 @@ def load_source_dataset(name: str, config: str | None = None, split: str = "trai
 
 
 def run(config: CollectConfig) -> datasets.Dataset:
-    """Collect (and optionally push) the trajectories a :class:`CollectConfig` describes."""
+    """Collect (and optionally push) the trajectories a :class:`CollectConfig` describes; prints the summary line."""
     source = load_source_dataset(config.dataset_name, config.dataset_config, config.dataset_split)
     if config.limit is not None:
         source = source.select(range(min(config.limit, len(source))))
@@ -145,9 +145,10 @@ def run(config: CollectConfig) -> datasets.Dataset:
         teacher_revision=config.model_revision,
         model_kwargs=model_kwargs,
     )
-    rank, _, _ = _process_group()
-    if config.push_to_hub and rank == 0:
-        print(push_trajectories_to_hub(dataset, config.hub_repo_id, private=config.hub_private))
+    if _process_group()[0] == 0:  # one line, not one per process
+        if config.push_to_hub:
+            print(push_trajectories_to_hub(dataset, config.hub_repo_id, private=config.hub_private))
+        print(collection_summary(config.output_dir))
     return dataset
 
 
@@ -162,6 +163,4 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 130
-    if _process_group()[0] == 0:  # one line, not one per process
-        print(collection_summary(config.output_dir))
     return 0
