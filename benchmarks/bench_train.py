@@ -127,7 +127,7 @@ def worker(name: str, steps: int) -> dict:
             per_device_train_batch_size=BATCH,
             learning_rate=1e-4,
             block_length=block,
-            gradient_checkpointing=False,
+            activation_checkpointing=False,
             save_strategy="no",
             report_to="none",
             logging_steps=steps,

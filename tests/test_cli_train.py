@@ -22,7 +22,7 @@ SETTINGS = dict(
     logging_steps=1,
     save_strategy="no",
     report_to="none",
-    gradient_checkpointing=False,
+    activation_checkpointing=False,
     disable_tqdm=True,
     use_cpu=True,
 )
@@ -67,7 +67,7 @@ def launch_recipe(files, tmp_path: Path, name: str, launcher: dict, **settings) 
     return write_yaml(tmp_path / f"{name}.yaml", recipe)
 
 
-def test_two_process_cli_run_matches_the_one_process_python_api(tokenizer, files, tmp_path):
+def test_two_process_cli_run_matches_the_one_process_python_api(tokenizer, files, tmp_path, capfd):
     from t3d_trl import load_trajectories
 
     model_dir, data_dir = files
@@ -91,7 +91,11 @@ def test_two_process_cli_run_matches_the_one_process_python_api(tokenizer, files
     # No use_cpu: torchrun workers on a machine without GPUs train together on the CPU (accelerate alone would
     # make each a separate one-process run: 2 copies, epoch 0.5 per step).
     settings = {} if torch.accelerator.is_available() else {"use_cpu": False}
+    capfd.readouterr()
     assert main(["train", "--config", launch_recipe(files, tmp_path, "cli", launcher, **settings)]) == 0
+    captured = capfd.readouterr()
+    assert captured.out.count("model saved to") == 1  # not once per process
+    assert "FutureWarning" not in captured.err and "pin_memory" not in captured.err
 
     out = tmp_path / "cli"
     log = json.loads((out / "trainer_state.json").read_text())["log_history"][0]
@@ -103,14 +107,18 @@ def test_two_process_cli_run_matches_the_one_process_python_api(tokenizer, files
     assert "- t3d" in (out / "README.md").read_text()
 
 
-def test_flags_override_the_recipe_and_bad_recipes_exit_2(files, tmp_path, capsys):
+def one_process_recipe(files, tmp_path, **overrides) -> dict:
     model_dir, data_dir = files
     recipe = {
         "model_name_or_path": str(model_dir),
         "dataset_name": str(data_dir),
         "output_dir": str(tmp_path / "o"),
     }
-    recipe.update(SETTINGS, loss_type="td", per_device_train_batch_size=4)
+    return {**recipe, **SETTINGS, "per_device_train_batch_size": 4, **overrides}
+
+
+def test_flags_override_the_recipe_and_bad_recipes_exit_2(files, tmp_path, capsys):
+    recipe = one_process_recipe(files, tmp_path, loss_type="td")
     path = write_yaml(tmp_path / "recipe.yaml", recipe)
     assert main(["train", "--config", path, "--max_steps", "2"]) == 0
     state = json.loads((tmp_path / "o" / "trainer_state.json").read_text())
@@ -134,3 +142,29 @@ def test_fsdp_on_cpu_processes_is_refused_not_trained_as_copies(files, tmp_path,
     err = capfd.readouterr().err
     assert "asked for FSDP but accelerate set up MULTI_CPU" in err
     assert not (tmp_path / "fsdp" / "model.safetensors").exists()
+
+
+def failure(argv: list[str], capsys) -> str:
+    """The message of a command that fails, whether the dispatcher prints library errors or lets them raise."""
+    try:
+        status = main(argv)
+    except ValueError as err:
+        return str(err)
+    assert status != 0
+    return capsys.readouterr().err
+
+
+def test_rerun_resumes_or_refuses_and_leaves_no_cache_files(files, tmp_path, capsys):
+    recipe = one_process_recipe(files, tmp_path, save_strategy="steps", save_steps=1)
+    path = write_yaml(tmp_path / "recipe.yaml", recipe)
+    assert main(["train", "--config", path]) == 0
+    assert not list(files[1].glob("cache-*"))  # the trajectory folder holds only the dataset
+
+    message = failure(["train", "--config", path, "--max_steps", "2"], capsys)
+    assert "already holds checkpoint-1" in message and "--resume_from_checkpoint true" in message
+    assert "\n" not in message.strip()
+    assert main(["train", "--config", path, "--max_steps", "2", "--resume_from_checkpoint", "true"]) == 0
+    state = json.loads((tmp_path / "o" / "trainer_state.json").read_text())
+    assert state["global_step"] == 2
+    assert main(["train", "--config", path, "--overwrite_output_dir", "true"]) == 0
+    assert sorted(p.name for p in (tmp_path / "o").glob("checkpoint-*")) == ["checkpoint-1"]

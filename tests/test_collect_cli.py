@@ -52,7 +52,10 @@ def recipe(tmp_path, tokenizer, block_causal_model):
 def test_collect_runs_a_recipe_and_flags_override(recipe, tokenizer, capsys):
     path, values = recipe
     assert main(["collect", "--config", str(path), "--batch_size", "2"]) == 0
-    assert "3 trajectories saved" in capsys.readouterr().out
+    out = values["output_dir"]
+    assert (
+        capsys.readouterr().out.splitlines()[-1] == f"3 prompts, 3 trajectories saved to {out}, none dropped"
+    )
 
     dataset = load_trajectories(values["output_dir"])
     metadata = TrajectoryMetadata.from_dataset(dataset)
@@ -96,3 +99,64 @@ def test_load_source_dataset_local_files(tmp_path):
     with pytest.raises(ValueError, match="unsupported data file"):
         (tmp_path / "d.txt").write_text("x")
         load_source_dataset(str(tmp_path / "d.txt"))
+
+
+def test_ctrl_c_says_that_rerunning_resumes(recipe, monkeypatch, capsys):
+    import t3d_trl.data.trajectories as trajectories
+
+    path, values = recipe
+    real, calls = trajectories._generate_batch, []
+
+    def interrupted_on_second_batch(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(trajectories, "_generate_batch", interrupted_on_second_batch)
+    try:
+        status = main(["collect", "--config", str(path), "--batch_size", "1"])
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C ended in a traceback")
+    assert status != 0
+    err = capsys.readouterr().err
+    assert "interrupted" in err and "Rerun the same command to resume" in err and values["output_dir"] in err
+    assert main(["collect", "--config", str(path), "--batch_size", "1"]) == 0
+    assert len(calls) == 2 + 2  # the rerun decoded only the two batches not yet saved
+    assert "3 prompts, 3 trajectories saved" in capsys.readouterr().out
+
+
+def _cli_worker(rank: int, port: int, argv: list[str], log_dir: str) -> None:
+    import contextlib
+    import os
+
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE="2",
+        LOCAL_WORLD_SIZE="2",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        OMP_NUM_THREADS="1",
+    )
+    torch.set_num_threads(1)
+    with open(f"{log_dir}/rank{rank}.txt", "w") as log, contextlib.redirect_stdout(log):
+        assert main(argv) == 0
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.skipif("fork" not in torch.multiprocessing.get_all_start_methods(), reason="needs fork")
+def test_two_processes_print_the_final_line_once(recipe, tmp_path):
+    import socket
+
+    path, values = recipe
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    argv = ["collect", "--config", str(path), "--batch_size", "1"]
+    torch.multiprocessing.start_processes(
+        _cli_worker, args=(port, argv, str(tmp_path)), nprocs=2, start_method="fork"
+    )
+    printed = "".join((tmp_path / f"rank{rank}.txt").read_text() for rank in (0, 1))
+    assert printed.count("trajectories saved") == 1
+    assert len(load_trajectories(values["output_dir"])) == 3

@@ -16,6 +16,7 @@ def test_quickstart_fast_runs_every_stage(tmp_path, capsys):
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "| teacher |" in printed and "| t3d |" in printed and "| td |" in printed
+    assert "--fast is a smoke run of every stage, not a distillation" in printed  # says what a small run does
     results = json.loads((out / "results.json").read_text())
     assert set(results["accuracy"]) == {"teacher", "t3d", "td"}
     labels = {"block8-tokps1", "block8-tokps2", "block8-tokps4", "block8-threshold0.9"}

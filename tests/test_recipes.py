@@ -135,7 +135,7 @@ def test_train_recipes_parse_with_the_paper_hyperparameters(path, parse, tmp_pat
     assert args.loss_type == {"sft": "mdlm"}.get(path.stem, path.stem)
     assert (args.learning_rate, args.weight_decay, args.max_grad_norm) == (1e-5, 0.01, 1.0)
     assert args.lr_scheduler_type == "cosine_with_min_lr" and args.lr_scheduler_kwargs == {"min_lr_rate": 0.1}
-    assert args.warmup_steps == 20 and args.gradient_checkpointing
+    assert args.warmup_steps == 20 and args.activation_checkpointing
     assert (args.max_prompt_length, args.max_completion_length) == (512, 1024)
     processes = yaml.safe_load(launch.read_text())["num_processes"]
     assert args.per_device_train_batch_size * args.gradient_accumulation_steps * processes == GLOBAL_BATCH

@@ -6,6 +6,7 @@ import importlib.machinery
 import math
 import shutil
 import types
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -45,7 +46,7 @@ def config(tmp_path, **overrides) -> T3DConfig:
         logging_steps=1,
         save_strategy="no",
         report_to="none",
-        gradient_checkpointing=False,
+        activation_checkpointing=False,
         disable_tqdm=True,
         ref_sync_steps=100,
     )
@@ -70,7 +71,7 @@ def logged(trainer, key="loss") -> list[float]:
     [
         ("t3d", "bidirectional", {}),
         # TRL's defaults on a CPU: gradient checkpointing on, bf16 (CPU autocast) when asked for.
-        ("t3d", "block_causal", {"gradient_checkpointing": True, "bf16": True, "use_cpu": True}),
+        ("t3d", "block_causal", {"activation_checkpointing": True, "bf16": True, "use_cpu": True}),
         ("ddo", "bidirectional", {}),
         ("ddo", "block_causal", {"fake_estimator": "expectation"}),
         ("td", "block_causal", {}),
@@ -125,7 +126,7 @@ def test_peft_lora_trains_with_a_reference_adapter_and_saves_an_adapter_that_loa
     from peft import LoraConfig, PeftModel
 
     lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
-    args = config(tmp_path, max_steps=4, ref_sync_steps=3, gradient_checkpointing=True)
+    args = config(tmp_path, max_steps=4, ref_sync_steps=3, activation_checkpointing=True)
     trainer = train(tokenizer, trajectories["bidirectional"], args, peft_config=lora)
     assert trainer.ref_model is None  # no second copy of the base model
     model = trainer.model
@@ -271,14 +272,18 @@ def test_invalid_configurations_fail_at_construction(tmp_path, overrides, messag
 
 
 def test_config_defaults_follow_the_paper_and_work_on_cpu(tmp_path):
-    args = T3DConfig(output_dir=str(tmp_path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no deprecation warning from our own defaults on every run
+        args = T3DConfig(output_dir=str(tmp_path))
     assert (args.loss_type, args.beta, args.fake_weight, args.lambda_path) == ("t3d", 0.1, 0.5, 0.2)
     assert (args.path_weighting, args.ref_sync_steps, args.random_token_prob) == ("early", 10, 0.1)
     assert args.fake_estimator == "argmax"  # the reference code's fake samples
     assert (args.max_prompt_length, args.max_completion_length, args.learning_rate) == (512, 1024, 1e-5)
     if not torch.cuda.is_available():
         assert args.bf16 is False  # TRL's bf16 default would refuse to start on a CPU-only machine
-    assert args.gradient_checkpointing is True
+    assert args.activation_checkpointing is True and args.gradient_checkpointing is True  # TRL's default
+    if not torch.accelerator.is_available():
+        assert args.dataloader_pin_memory is False  # torch warns about pinned memory without an accelerator
 
 
 # ---- multi-process launches and sharded references ------------------------------------------------------------
@@ -400,3 +405,60 @@ def test_zero3_reference_refresh_gathers_both_models_and_copies_on_rank_0(
     folder.mkdir()
     trainer._save_reference(str(folder))
     assert not (folder / REFERENCE_FILE).exists() and "not saved" in caplog.text
+
+
+def test_reruns_into_a_folder_with_checkpoints_resume_or_refuse(
+    tokenizer, trajectories, tmp_path, monkeypatch
+):
+    dataset = trajectories["bidirectional"]
+    out = tmp_path / "out"
+
+    def trainer(**overrides) -> T3DTrainer:
+        args = config(tmp_path, save_strategy="steps", save_steps=1, **overrides)
+        return T3DTrainer(build_bidirectional_model(tokenizer, seed=1), args, train_dataset=dataset)
+
+    trainer(max_steps=2).train()
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
+    with pytest.raises(
+        ValueError, match=r"already holds checkpoint-1, checkpoint-2: pass resume_from_checkpoint"
+    ):
+        trainer(max_steps=3).train()  # a plain rerun would mix two runs' checkpoints
+
+    (out / "checkpoint-7").mkdir()  # cut short by a kill: no trainer_state.json, so not resumed from
+    resumed = trainer(max_steps=3)
+    steps = []
+    real = T3DTrainer.compute_loss
+    monkeypatch.setattr(
+        T3DTrainer, "compute_loss", lambda self, *a, **k: steps.append(1) or real(self, *a, **k)
+    )
+    resumed.train(resume_from_checkpoint="true")  # what `--resume_from_checkpoint true` passes
+    assert resumed.state.global_step == 3 and len(steps) == 1  # steps 1-2 came from checkpoint-2
+    monkeypatch.undo()
+
+    fresh = trainer(max_steps=1, overwrite_output_dir=True)
+    fresh.train()
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-1"]  # older checkpoints deleted
+
+    # A save that fails half-way leaves no checkpoint folder for a resume to pick up.
+    def disk_full(self, output_dir):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(T3DTrainer, "_save_optimizer_and_scheduler", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        trainer(max_steps=1, overwrite_output_dir=True).train()
+    assert not list(out.glob("checkpoint-*"))
+
+
+def test_rows_beyond_the_model_positions_are_dropped_with_a_warning(
+    tokenizer, trajectories, tmp_path, caplog
+):
+    dataset = trajectories["bidirectional"]
+    totals = [len(p) + len(c) for p, c in zip(dataset["prompt_ids"], dataset["completion_ids"])]
+    limit = sorted(totals)[1]  # the two shortest rows fit
+    model = build_bidirectional_model(tokenizer, seed=1, max_position_embeddings=limit)
+    with caplog.at_level("WARNING"):
+        trainer = T3DTrainer(model, config(tmp_path), train_dataset=dataset)
+    kept = sum(t <= limit for t in totals)
+    assert len(trainer.train_dataset) == kept < len(dataset)
+    assert f"dropped {len(dataset) - kept} of {len(dataset)} rows" in caplog.text
+    assert f"longer than the model's max_position_embeddings={limit}" in caplog.text

@@ -12,13 +12,21 @@ import datasets
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import build_bidirectional_model, build_block_causal_model, build_tokenizer
+from conftest import build_bidirectional_model, build_block_causal_model, build_tokenizer, qwen3_config
 
 from t3d_trl import DiffusionGenerationConfig, TrajectoryMetadata, collect_trajectories, load_trajectories
 from t3d_trl.data.hub import trajectory_card
 from t3d_trl.data.prompts import encode_prompts, render_prompt
 from t3d_trl.data.schema import METADATA_KEY, TRAJECTORY_COLUMNS
-from t3d_trl.data.trajectories import PromptRow, batch_seed, build_prompts, cut_at_eos, plan_batches
+from t3d_trl.data.trajectories import (
+    PromptRow,
+    batch_seed,
+    build_prompts,
+    collection_summary,
+    cut_at_eos,
+    drop_long_prompts,
+    plan_batches,
+)
 from t3d_trl.generation.remasking import propose_tokens, select_static
 from t3d_trl.models.forward import diffusion_forward
 from t3d_trl.models.masks import block_attention_mask, padding_attention_mask
@@ -383,8 +391,17 @@ def test_build_prompts(tokenizer):
     assert [p.id for p in prompts] == ["10", "11"]
     assert list(prompts[0].extra) == ["question", "uid", "chat"]  # "prompt" is a trajectory column
     short = len(tokenizer(render_prompt(tokenizer, "hi"), add_special_tokens=False)["input_ids"])
-    chat = build_prompts(rows, tokenizer, chat_column="chat", keep_columns=["uid"], max_prompt_length=short)
-    assert [p.prompt for p in chat] == [render_prompt(tokenizer, "hi")] and chat[0].extra == {"uid": 10}
+    chat = build_prompts(rows, tokenizer, chat_column="chat", keep_columns=["uid"])
+    assert [p.prompt for p in chat] == [render_prompt(tokenizer, m) for m in ("hi", "hello")]
+    assert chat[0].extra == {"uid": 10}
+    kept, dropped = drop_long_prompts(chat, short, None, 8)
+    assert [p.prompt for p in kept] == [render_prompt(tokenizer, "hi")]
+    assert dropped == {f"prompt longer than max_prompt_length={short}": 1}
+    # The model's positions bound prompt + max_new_tokens; the first rule that drops a prompt counts it.
+    kept, dropped = drop_long_prompts(chat, None, short + 8, 8)
+    assert (
+        len(kept) == 1 and list(dropped.values()) == [1] and "max_position_embeddings" in next(iter(dropped))
+    )
     with pytest.raises(ValueError, match="trajectory columns"):
         build_prompts(rows, tokenizer, "{question}", keep_columns=["prompt"])
     with pytest.raises(ValueError, match="appears twice"):
@@ -515,3 +532,103 @@ def test_accelerate_cpu_launch_that_starts_one_process_is_refused(
     with pytest.raises(ValueError, match=r"accelerate launch` was asked for several processes.*torchrun"):
         collect(bidirectional_model, tokenizer, tmp_path / "run")
     assert not (tmp_path / "run" / "shards").exists()  # refused before any decoding
+
+
+# --- nothing lost, nothing silent --------------------------------------------------------------------------
+
+
+def _count_generations(monkeypatch, model) -> list[int]:
+    calls: list[int] = []
+    real = type(model).diffusion_generate
+
+    def counted(self, *args, **kwargs):
+        calls.append(1)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(model), "diffusion_generate", counted)
+    return calls
+
+
+def test_damaged_shards_are_decoded_again(tmp_path, tokenizer, bidirectional_model, monkeypatch, caplog):
+    import pyarrow as pa
+
+    out = tmp_path / "run"
+    reference = collect(bidirectional_model, tokenizer, out)
+    shards = sorted((out / "shards").glob("*.parquet"))
+    assert len(shards) == 3  # 8 prompts in batches of 3
+    first = pq.read_table(shards[0])
+    pq.write_table(first.drop_columns(["decode_step"]), shards[0])  # a column lost
+    second = pq.read_table(shards[1])
+    foreign = pa.array(["zzz"] + second.column("id").to_pylist()[1:])
+    pq.write_table(second.set_column(0, "id", foreign), shards[1])  # a row of another collection
+    third = pq.read_table(shards[2]).to_pylist()
+    third[0]["decode_step"] = [99] * len(third[0]["decode_step"])  # a row breaking the contract
+    pq.write_table(pa.Table.from_pylist(third, schema=pq.read_schema(shards[2])), shards[2])
+
+    calls = _count_generations(monkeypatch, bidirectional_model)
+    with caplog.at_level(logging.WARNING):
+        rerun = collect(bidirectional_model, tokenizer, out)
+    assert len(calls) == 3  # each damaged shard was decoded again, none dropped
+    assert rerun.to_list() == reference.to_list()
+    for shard, problem in zip(shards, ["lacks column(s) ['decode_step']", "'zzz'", "decode_step[0]=99"]):
+        assert f"shard {shard} fails validation" in caplog.text and problem in caplog.text
+    assert collection_summary(out) == f"8 prompts, 8 trajectories saved to {out}, none dropped"
+    assert not list(out.glob("cache-*.arrow"))
+
+
+def test_a_freshly_decoded_shard_that_fails_validation_stops_the_run(
+    tmp_path, tokenizer, bidirectional_model, monkeypatch
+):
+    import t3d_trl.data.trajectories as trajectories
+
+    real = trajectories._generate_batch
+
+    def broken_sampler(*args, **kwargs):
+        rows = real(*args, **kwargs)
+        rows[0]["decode_step"] = [0] * len(rows[0]["decode_step"])
+        return rows
+
+    monkeypatch.setattr(trajectories, "_generate_batch", broken_sampler)
+    with pytest.raises(RuntimeError, match=r"shard .*batch-000000\.parquet \(batch 0\) fails validation"):
+        collect(bidirectional_model, tokenizer, tmp_path)
+    assert not list((tmp_path / "shards").iterdir())  # nothing written, nothing merged
+
+
+def test_over_long_prompts_are_dropped_and_counted(tmp_path, tokenizer):
+    lengths = {
+        p: len(tokenizer(render_prompt(tokenizer, p), add_special_tokens=False)["input_ids"])
+        for p in PROBLEMS
+    }
+    longest = max(lengths.values())
+    # The longest prompt no longer fits the model's positions with 8 new tokens; max_prompt_length drops "1+1"'s
+    # longer neighbours too.
+    model = build_bidirectional_model(tokenizer, max_position_embeddings=longest + 8 - 1)
+    limit = sorted(lengths.values())[-3]
+    dataset = collect(model, tokenizer, tmp_path, max_prompt_length=limit)
+    too_long = [p for p in PROBLEMS if limit < lengths[p] < longest]
+    no_room = [p for p in PROBLEMS if lengths[p] == longest]
+    assert too_long and no_room
+    assert dataset["problem"] == [p for p in PROBLEMS if lengths[p] <= limit]
+    assert collection_summary(tmp_path) == (
+        f"8 prompts, {len(dataset)} trajectories saved to {tmp_path}, {len(too_long) + len(no_room)} dropped: "
+        f"{len(no_room)} prompt + max_new_tokens=8 beyond the model's max_position_embeddings={longest + 7}; "
+        f"{len(too_long)} prompt longer than max_prompt_length={limit}"
+    )
+
+
+def test_the_teacher_is_checked_before_decoding(tmp_path, tokenizer, monkeypatch):
+    from transformers import Qwen3ForCausalLM
+
+    small = build_bidirectional_model(tokenizer, vocab_size=22)  # ids of the 100-token tokenizer overflow it
+    calls = _count_generations(monkeypatch, small)
+    with pytest.raises(
+        ValueError, match=f"tokenizer .* has {len(tokenizer)} tokens but the model .* vocabulary of 22"
+    ):
+        collect(small, tokenizer, tmp_path / "a")
+    plain = Qwen3ForCausalLM(qwen3_config(tokenizer))  # no diffusion description: the trainer's message
+    with pytest.raises(ValueError, match=r"Qwen3ForCausalLM has no mask token .*AutoModelForDiffusionLM"):
+        collect(plain, tokenizer, tmp_path / "b")
+    short = build_bidirectional_model(tokenizer, max_position_embeddings=8)
+    with pytest.raises(ValueError, match="max_new_tokens=8 leaves no room for a prompt"):
+        collect(short, tokenizer, tmp_path / "c")
+    assert not calls and not any((tmp_path / name).exists() for name in "abc")

@@ -9,6 +9,7 @@ over several GPUs or processes.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ import datasets
 import torch
 
 from ..data.hub import push_trajectories_to_hub
-from ..data.trajectories import _process_group, collect_trajectories
+from ..data.trajectories import _process_group, collect_trajectories, collection_summary
 from ..generation.configuration import DiffusionGenerationConfig
 from .parsing import parse_recipe
 
@@ -117,7 +118,7 @@ def load_source_dataset(name: str, config: str | None = None, split: str = "trai
 
 
 def run(config: CollectConfig) -> datasets.Dataset:
-    """Collect (and optionally push) the trajectories a :class:`CollectConfig` describes."""
+    """Collect (and optionally push) the trajectories a :class:`CollectConfig` describes; prints the summary line."""
     source = load_source_dataset(config.dataset_name, config.dataset_config, config.dataset_split)
     if config.limit is not None:
         source = source.select(range(min(config.limit, len(source))))
@@ -144,14 +145,22 @@ def run(config: CollectConfig) -> datasets.Dataset:
         teacher_revision=config.model_revision,
         model_kwargs=model_kwargs,
     )
-    rank, _, _ = _process_group()
-    if config.push_to_hub and rank == 0:
-        print(push_trajectories_to_hub(dataset, config.hub_repo_id, private=config.hub_private))
+    if _process_group()[0] == 0:  # one line, not one per process
+        if config.push_to_hub:
+            print(push_trajectories_to_hub(dataset, config.hub_repo_id, private=config.hub_private))
+        print(collection_summary(config.output_dir))
     return dataset
 
 
 def main(argv: list[str]) -> int:
     (config,) = parse_recipe([CollectConfig], argv, prog="t3d-trl collect", description=__doc__)
-    dataset = run(config)
-    print(f"{len(dataset)} trajectories saved to {config.output_dir}")
+    try:
+        run(config)
+    except KeyboardInterrupt:
+        print(
+            f"t3d-trl collect: interrupted; the finished batches are kept in {config.output_dir}. "
+            "Rerun the same command to resume.",
+            file=sys.stderr,
+        )
+        return 130
     return 0

@@ -119,5 +119,7 @@ def main(argv: list[str]) -> int:
     launched = os.environ.get(_LAUNCHED) or int(os.environ.get("WORLD_SIZE", "1")) > 1
     if data.accelerate_config and not launched:
         return _relaunch(data.accelerate_config, argv)
-    print(f"model saved to {run(model_args, data, args)}")
+    output_dir = run(model_args, data, args)
+    if int(os.environ.get("RANK", "0")) == 0:  # one line, not one per process
+        print(f"model saved to {output_dir}")
     return 0

@@ -7,14 +7,20 @@ How a collection runs:
   batches depend only on the data and the settings, never on how many processes run them.
 * Each batch is decoded with ``model.diffusion_generate`` under a generator seeded from ``(seed, the batch's
   ids)``, so a batch gives the same rows whichever process runs it, and whether or not it is a rerun.
+* Before anything is decoded, the teacher is checked: it must have a diffusion description, the tokenizer
+  must fit its vocabulary, and the settings must fit it (positions, block length). Prompts too long for
+  ``max_prompt_length`` or for the model's positions (prompt + ``max_new_tokens``) are dropped and counted.
 * Each finished batch is written at once as one parquet shard (written to a temporary name, then renamed),
   so a crash or Ctrl-C loses at most the batch in flight. A rerun with the same ``output_dir`` skips the
-  batches already written; it refuses to resume when the settings differ from the ones the folder was
-  started with, naming each difference.
+  batches already written and valid; a shard that fails validation (unreadable, other ids, a row breaking
+  the contract of :func:`~t3d_trl.data.schema.row_problem`) is decoded again, and a freshly decoded shard
+  that fails stops the run with an error naming it. It refuses to resume when the settings differ from the
+  ones the folder was started with, naming each difference.
 * Several processes (``accelerate launch`` / ``torchrun``, one per GPU, or several CPU processes) take
   every ``world_size``-th batch; the main process then merges the shards in source order, applies the
   filters, and saves the dataset into ``output_dir`` (``save_to_disk`` layout), where
-  :func:`t3d_trl.load_trajectories` reads it.
+  :func:`t3d_trl.load_trajectories` reads it. No row is dropped without being counted: the counts of
+  prompts, rows and rows dropped by each rule are stored in ``collection.json`` (:func:`collection_summary`).
 """
 
 from __future__ import annotations
@@ -38,14 +44,16 @@ from tqdm.auto import tqdm
 
 from ..generation.configuration import DiffusionGenerationConfig
 from ..generation.sampler import eos_token_ids, left_pad
+from ..models.diffusion_config import require_diffusion_config
 from ..utils import check_process_count
 from .prompts import encode_prompts, format_user_message
-from .schema import TRAJECTORY_COLUMNS, TrajectoryMetadata, validate_trajectories
+from .schema import TRAJECTORY_COLUMNS, TrajectoryMetadata, row_problem
 
 logger = logging.getLogger(__name__)
 
 MANIFEST = "collection.json"
 SHARD_DIR = "shards"
+SUMMARY_KEY = "summary"  # the manifest entry holding the counts of the last merge (not a setting)
 
 
 @dataclass
@@ -78,12 +86,12 @@ def build_prompts(
     chat_column: str | None = None,
     use_chat_template: bool = True,
     keep_columns: Sequence[str] | None = None,
-    max_prompt_length: int | None = None,
 ) -> list[PromptRow]:
     """Render and tokenise the prompt of every source row (see :func:`collect_trajectories` for the arguments).
 
     The prompt text is tokenised without adding special tokens: the chat template already holds them, so
-    ``prompt_ids`` is exactly the tokenisation of ``prompt``.
+    ``prompt_ids`` is exactly the tokenisation of ``prompt``. Every row gives a prompt; length limits are
+    applied by :func:`drop_long_prompts`.
     """
     columns = list(dataset.column_names)
     if id_column is None and "id" in columns:
@@ -106,7 +114,6 @@ def build_prompts(
             )
     prompts: list[PromptRow] = []
     seen: dict[str, int] = {}
-    skipped = 0
     for index, row in enumerate(tqdm(dataset, desc="tokenising prompts", unit="prompt", leave=False)):
         if chat_column is not None:
             text = tokenizer.apply_chat_template(row[chat_column], tokenize=False, add_generation_prompt=True)
@@ -114,9 +121,6 @@ def build_prompts(
         else:
             message = _user_message(row, prompt_template, prompt_column)
             [text], [ids] = encode_prompts(tokenizer, [message], use_chat_template)
-        if max_prompt_length is not None and len(ids) > max_prompt_length:
-            skipped += 1
-            continue
         row_id = str(row[id_column]) if id_column is not None else str(index)
         if row_id in seen:
             raise ValueError(
@@ -124,11 +128,42 @@ def build_prompts(
             )
         seen[row_id] = index
         prompts.append(PromptRow(index, row_id, text, list(ids), {c: row[c] for c in keep}))
-    if skipped:
-        logger.warning(
-            "skipped %d prompts longer than max_prompt_length=%d tokens", skipped, max_prompt_length
-        )
     return prompts
+
+
+def drop_long_prompts(
+    prompts: Sequence[PromptRow],
+    max_prompt_length: int | None,
+    max_positions: int | None,
+    max_new_tokens: int,
+) -> tuple[list[PromptRow], dict[str, int]]:
+    """Drop the prompts the teacher cannot decode; returns the kept prompts and ``{rule: rows dropped}``.
+
+    A prompt is dropped when it plus ``max_new_tokens`` exceeds the model's ``max_position_embeddings`` (the
+    sampler would refuse its whole batch), or when it is longer than ``max_prompt_length``; each dropped prompt
+    is counted under the first of these rules it breaks. A prompt is never truncated: that would change the
+    question.
+    """
+    rules = {
+        f"prompt + max_new_tokens={max_new_tokens} beyond the model's max_position_embeddings={max_positions}": (
+            None if max_positions is None else max_positions - max_new_tokens
+        ),
+        f"prompt longer than max_prompt_length={max_prompt_length}": max_prompt_length,
+    }
+    dropped = dict.fromkeys(rules, 0)
+    kept = []
+    for prompt in prompts:
+        rule = next(
+            (r for r, limit in rules.items() if limit is not None and len(prompt.prompt_ids) > limit), None
+        )
+        if rule is None:
+            kept.append(prompt)
+        else:
+            dropped[rule] += 1
+    dropped = {rule: n for rule, n in dropped.items() if n}
+    for rule, n in dropped.items():
+        logger.warning("dropped %d of %d prompts: %s", n, len(prompts), rule)
+    return kept, dropped
 
 
 def plan_batches(prompts: Sequence[PromptRow], batch_size: int) -> list[list[PromptRow]]:
@@ -216,6 +251,41 @@ def _shard_path(output_dir: Path, batch_index: int) -> Path:
     return output_dir / SHARD_DIR / f"batch-{batch_index:06d}.parquet"
 
 
+def _rows_problem(
+    rows: Sequence[Mapping[str, Any]], batch: Sequence[PromptRow], metadata: TrajectoryMetadata
+) -> str | None:
+    """What is wrong with one batch's rows (other ids or prompts than the batch's, a row breaking the contract)."""
+    expected = {p.id: p for p in batch}
+    ids = [row["id"] for row in rows]
+    if sorted(ids) != sorted(expected):
+        foreign = sorted(set(ids) - set(expected))
+        if foreign:
+            return f"it holds id(s) {foreign[:3]} that are not in its batch"
+        missing = sorted(set(expected) - set(ids))
+        return f"it lacks id(s) {missing[:3]} of its batch" if missing else "it holds an id twice"
+    for row in rows:
+        if row["prompt_ids"] != expected[row["id"]].prompt_ids:
+            return f"row id={row['id']!r}: its prompt_ids are not the prompt's (another collection's shard?)"
+        problem = row_problem(row, metadata)
+        if problem is not None:
+            return f"row id={row['id']!r}: {problem}"
+    return None
+
+
+def _shard_problem(
+    path: Path, batch: Sequence[PromptRow], features: datasets.Features, metadata: TrajectoryMetadata
+) -> str | None:
+    """What is wrong with a written shard, or ``None`` when it holds exactly its batch's valid rows."""
+    try:
+        missing = [name for name in features if name not in pq.read_schema(path).names]
+        if missing:  # read with the schema, they would come back as nulls
+            return f"it lacks column(s) {missing}"
+        table = pq.read_table(path, schema=features.arrow_schema)
+    except (pa.ArrowException, OSError, ValueError, KeyError) as err:  # truncated, other columns or types
+        return f"it cannot be read with the collection's columns ({type(err).__name__}: {err})"
+    return _rows_problem(table.to_pylist(), batch, metadata)
+
+
 def _differences(saved: Any, current: Any, prefix: str = "") -> list[str]:
     if isinstance(saved, dict) and isinstance(current, dict):
         out: list[str] = []
@@ -236,6 +306,7 @@ def _check_manifest(output_dir: Path, manifest: dict[str, Any], is_main: bool, b
     barrier()
     saved = json.loads(path.read_text())
     # A newer package version may resume an older collection; everything else must match.
+    saved.pop(SUMMARY_KEY, None)  # the counts of an earlier merge are not a setting
     saved["metadata"].pop("t3d_trl_version", None)
     current = json.loads(json.dumps(manifest))
     current["metadata"].pop("t3d_trl_version", None)
@@ -288,11 +359,37 @@ def _resolve_model(
     return model.eval(), tokenizer
 
 
+def _check_teacher(model: Any, tokenizer: Any) -> int:
+    """Refuse a teacher that cannot decode with this tokenizer, before any work; returns its vocabulary size."""
+    diffusion = require_diffusion_config(model)
+    if not hasattr(model, "diffusion_generate"):
+        raise ValueError(
+            f"{type(model).__name__} has a diffusion description but no diffusion_generate: load it with "
+            "AutoModelForDiffusionLM.from_pretrained, or call add_diffusion_generation(model) first"
+        )
+    head = model.get_output_embeddings()
+    # The number of logits bounds every id the teacher can emit (the tokenizer may count fewer).
+    vocab = (head if head is not None else model.get_input_embeddings()).weight.shape[0]
+    name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+    if len(tokenizer) > vocab:
+        raise ValueError(
+            f"the tokenizer {name!r} has {len(tokenizer)} tokens but the model "
+            f"{getattr(model, 'name_or_path', '') or type(model).__name__!r} has a vocabulary of {vocab}: pass "
+            "the teacher's own tokenizer"
+        )
+    if diffusion.mask_token_id >= vocab:
+        raise ValueError(
+            f"mask_token_id={diffusion.mask_token_id} is outside the model's vocabulary of {vocab}"
+        )
+    return vocab
+
+
 def _teacher_settings(
     model: Any,
     tokenizer: Any,
     config: DiffusionGenerationConfig,
     *,
+    vocab: int,
     seed: int,
     prompt_template: str,
     use_chat_template: bool,
@@ -301,13 +398,22 @@ def _teacher_settings(
     """The decoding settings with every default the sampler would look up made explicit, and the metadata."""
     from .. import __version__
 
-    diffusion = model.diffusion_config
+    diffusion = require_diffusion_config(model)
     block_length, steps_per_block = config.resolve(
         diffusion.block_size if diffusion.is_block_causal else None
     )
     eos_ids = eos_token_ids(model, config) or (
         [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     )
+    outside = [e for e in eos_ids if not 0 <= e < vocab]
+    if outside:
+        raise ValueError(f"eos_token_id {outside} is outside the model's vocabulary of {vocab}")
+    max_positions = getattr(model.config, "max_position_embeddings", None)
+    if max_positions is not None and config.max_new_tokens >= max_positions:
+        raise ValueError(
+            f"max_new_tokens={config.max_new_tokens} leaves no room for a prompt in the model's "
+            f"max_position_embeddings={max_positions}"
+        )
     if not eos_ids:
         logger.warning("no EOS token known: every completion will run to max_new_tokens")
     config = config.update(
@@ -316,7 +422,6 @@ def _teacher_settings(
     chat = use_chat_template and bool(getattr(tokenizer, "chat_template", None))
     if use_chat_template and not chat:
         logger.warning("the tokenizer has no chat template: prompts are the raw user messages")
-    output_embeddings = model.get_output_embeddings()
     metadata = TrajectoryMetadata(
         teacher=getattr(model, "name_or_path", "") or "unknown",
         teacher_revision=teacher_revision or getattr(model.config, "_commit_hash", None),
@@ -330,8 +435,7 @@ def _teacher_settings(
         seed=seed,
         prompt_template=prompt_template,
         use_chat_template=chat,
-        # The number of logits bounds every id the teacher can emit (the tokenizer may count fewer).
-        vocab_size=output_embeddings.weight.shape[0] if output_embeddings is not None else len(tokenizer),
+        vocab_size=vocab,
         eos_token_ids=eos_ids,
         t3d_trl_version=__version__,
         threshold=config.threshold,
@@ -380,7 +484,8 @@ def collect_trajectories(
             template, wrapped by the tokenizer's chat template.
         use_chat_template: wrap the user message with the tokenizer's chat template (when it has one).
         keep_columns: source columns copied into each row; default: all but the trajectory columns.
-        max_prompt_length: drop prompts longer than this many tokens (logged).
+        max_prompt_length: drop prompts longer than this many tokens (counted; prompts too long for the
+            model's ``max_position_embeddings`` together with ``max_new_tokens`` are dropped and counted too).
         filter_unfinished: drop completions that hit ``max_new_tokens`` without EOS.
         gold_column: keep only completions whose final answer matches this column
             (:func:`t3d_trl.evaluation.math_checker.check_math`); the column is passed through.
@@ -390,9 +495,11 @@ def collect_trajectories(
 
     Returns:
         The trajectory dataset, in source order, with its :class:`TrajectoryMetadata` attached (every
-        process gets it).
+        process gets it). :func:`collection_summary` tells how many prompts it came from and how many rows
+        each rule dropped.
     """
     model, tokenizer = _resolve_model(model, tokenizer, teacher_revision, model_kwargs or {})
+    vocab = _check_teacher(model, tokenizer)
     if isinstance(dataset, datasets.DatasetDict):
         raise TypeError(f"pass one split of the DatasetDict (it has {list(dataset)}), e.g. dataset['train']")
     if not isinstance(dataset, datasets.Dataset):
@@ -404,6 +511,19 @@ def collect_trajectories(
             )
         if keep_columns is not None and gold_column not in keep_columns:
             keep_columns = [*keep_columns, gold_column]
+    if len(dataset) == 0:
+        raise ValueError("no prompts to collect: the dataset is empty")
+    # Settings are checked against the model before the (possibly long) tokenisation and any decoding.
+    config, metadata = _teacher_settings(
+        model,
+        tokenizer,
+        generation_config or model.diffusion_generation_config,
+        vocab=vocab,
+        seed=seed,
+        prompt_template=f"chat:{chat_column}" if chat_column else prompt_template,
+        use_chat_template=use_chat_template,
+        teacher_revision=teacher_revision,
+    )
     prompts = build_prompts(
         dataset,
         tokenizer,
@@ -413,21 +533,16 @@ def collect_trajectories(
         chat_column=chat_column,
         use_chat_template=use_chat_template,
         keep_columns=keep_columns,
-        max_prompt_length=max_prompt_length,
+    )
+    prompts, dropped = drop_long_prompts(
+        prompts,
+        max_prompt_length,
+        getattr(model.config, "max_position_embeddings", None),
+        config.max_new_tokens,
     )
     if not prompts:
-        raise ValueError("no prompts to collect (the dataset is empty or every prompt was too long)")
+        raise ValueError(f"no prompts to collect: all {len(dataset)} were dropped ({', '.join(dropped)})")
     keep = list(prompts[0].extra)
-
-    config, metadata = _teacher_settings(
-        model,
-        tokenizer,
-        generation_config or model.diffusion_generation_config,
-        seed=seed,
-        prompt_template=f"chat:{chat_column}" if chat_column else prompt_template,
-        use_chat_template=use_chat_template,
-        teacher_revision=teacher_revision,
-    )
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (config.eos_token_id or [0])[0]
 
     batches = plan_batches(prompts, batch_size)
@@ -453,7 +568,16 @@ def collect_trajectories(
     features = _features(dataset, keep)
 
     mine = [(i, b) for i, b in enumerate(batches) if i % world_size == rank]
-    todo = [(i, b) for i, b in mine if not _shard_path(output_dir, i).exists()]
+    todo = []
+    for index, batch in mine:
+        path = _shard_path(output_dir, index)
+        if path.exists():
+            problem = _shard_problem(path, batch, features, metadata)
+            if problem is None:
+                continue
+            logger.warning("shard %s fails validation (%s): decoding its batch again", path, problem)
+            path.unlink()
+        todo.append((index, batch))
     done_prompts = sum(len(b) for _, b in mine) - sum(len(b) for _, b in todo)
     if done_prompts:
         logger.info(
@@ -467,18 +591,35 @@ def collect_trajectories(
         disable=rank != 0,
     )
     start, new_tokens = time.perf_counter(), 0
-    for index, batch in todo:
-        rows = _generate_batch(model, tokenizer, batch, config, seed, pad_id)
-        _write_shard(_shard_path(output_dir, index), rows, features)
-        new_tokens += sum(len(r["completion_ids"]) for r in rows)
-        bar.update(len(batch))
-        elapsed = time.perf_counter() - start
-        bar.set_postfix(tokens_per_s=f"{new_tokens / elapsed:.1f}")
-    bar.close()
+    try:
+        for index, batch in todo:
+            rows = _generate_batch(model, tokenizer, batch, config, seed, pad_id)
+            problem = _rows_problem(rows, batch, metadata)
+            if problem is not None:  # the teacher's own rows are valid unless the sampler has a defect
+                raise RuntimeError(
+                    f"shard {_shard_path(output_dir, index)} (batch {index}) fails validation right after "
+                    f"decoding, so it was not written: {problem}"
+                )
+            _write_shard(_shard_path(output_dir, index), rows, features)
+            new_tokens += sum(len(r["completion_ids"]) for r in rows)
+            bar.update(len(batch))
+            elapsed = time.perf_counter() - start
+            bar.set_postfix(tokens_per_s=f"{new_tokens / elapsed:.1f}")
+    except KeyboardInterrupt:
+        written = sum(_shard_path(output_dir, i).exists() for i in range(len(batches)))
+        logger.warning(
+            "interrupted: %d of %d batches are saved in %s; the same call with the same output_dir resumes",
+            written,
+            len(batches),
+            output_dir / SHARD_DIR,
+        )
+        raise
+    finally:
+        bar.close()
 
     barrier()
     if rank == 0:
-        merged = merge_shards(
+        merged, filtered = merge_shards(
             output_dir,
             batches,
             features,
@@ -487,6 +628,9 @@ def collect_trajectories(
             gold_column=gold_column,
         )
         _save(merged, output_dir)
+        summary = {"prompts": len(dataset), "rows": len(merged), "dropped": {**dropped, **filtered}}
+        _write_summary(output_dir, summary)
+        logger.info(collection_summary(output_dir))
     barrier()
     return datasets.load_from_disk(str(output_dir))
 
@@ -499,8 +643,11 @@ def merge_shards(
     *,
     filter_unfinished: bool = False,
     gold_column: str | None = None,
-) -> datasets.Dataset:
-    """Read every batch's shard, restore source order, validate rows and apply the filters."""
+) -> tuple[datasets.Dataset, dict[str, int]]:
+    """Read every batch's (validated) shard, restore source order and apply the filters.
+
+    Returns the dataset and ``{rule: rows dropped}`` for the filters that dropped rows.
+    """
     missing = [i for i in range(len(batches)) if not _shard_path(output_dir, i).exists()]
     if missing:
         raise RuntimeError(
@@ -514,12 +661,14 @@ def merge_shards(
     order = sorted(range(table.num_rows), key=lambda r: position[ids[r]])
     dataset = datasets.Dataset(table.take(pa.array(order)), info=datasets.DatasetInfo(features=features))
     metadata.attach(dataset)
-    total = len(dataset)
-    # The teacher's own rows should all be valid; a sampler defect is logged and its rows dropped.
-    dataset = validate_trajectories(dataset, metadata, skip_invalid=True)
+    dropped: dict[str, int] = {}
     if filter_unfinished:
+        before = len(dataset)
         dataset = dataset.filter(
             lambda finished: finished, input_columns="finished", desc="dropping unfinished"
+        )
+        dropped[f"unfinished (no EOS in max_new_tokens={metadata.max_new_tokens}; filter_unfinished)"] = (
+            before - len(dataset)
         )
     if gold_column is not None:
         from ..evaluation.math_checker import check_math  # imported lazily: math-verify is slow to import
@@ -529,10 +678,36 @@ def merge_shards(
             for i, (completion, gold) in enumerate(zip(dataset["completion"], dataset[gold_column]))
             if gold is not None and check_math(completion, str(gold))
         ]
+        dropped[f"answer does not match gold_column={gold_column!r}"] = len(dataset) - len(keep)
         dataset = dataset.select(keep)
-    if len(dataset) != total:
-        logger.info("kept %d of %d trajectories after filtering", len(dataset), total)
-    return dataset
+    return dataset, {rule: n for rule, n in dropped.items() if n}
+
+
+def _write_summary(output_dir: Path, summary: dict[str, Any]) -> None:
+    path = output_dir / MANIFEST
+    manifest = json.loads(path.read_text())
+    manifest[SUMMARY_KEY] = summary
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(manifest, indent=2))
+    os.replace(tmp, path)
+
+
+def collection_summary(output_dir: str | os.PathLike) -> str:
+    """One line on a finished collection: prompts, rows saved, and rows dropped by each rule.
+
+    Read from the ``summary`` entry of ``output_dir/collection.json``, written when the shards are merged.
+    """
+    path = Path(output_dir) / MANIFEST
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: {output_dir} is not a collection folder")
+    summary = json.loads(path.read_text()).get(SUMMARY_KEY)
+    if summary is None:
+        raise ValueError(f"{output_dir} holds an unfinished collection: rerun it to finish and merge it")
+    dropped = summary["dropped"]
+    detail = "; ".join(f"{n} {rule}" for rule, n in dropped.items())
+    return f"{summary['prompts']} prompts, {summary['rows']} trajectories saved to {output_dir}, " + (
+        f"{sum(dropped.values())} dropped: {detail}" if dropped else "none dropped"
+    )
 
 
 def _save(dataset: datasets.Dataset, output_dir: Path) -> None:

@@ -111,7 +111,7 @@ def _training_args(config: QuickstartConfig, output_dir: Path, **overrides: Any)
         report_to="none",
         use_cpu=not torch.cuda.is_available(),
         seed=config.seed,
-        gradient_checkpointing=False,
+        activation_checkpointing=False,
         dataloader_num_workers=0,
     )
     values.update(overrides)

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from ..models.diffusion_config import DiffusionConfig
+from ..models.diffusion_config import DiffusionConfig, require_diffusion_config
 from .configuration import DiffusionGenerationConfig
 from .sampler import DiffusionGenerationOutput, diffusion_generate
 
@@ -20,13 +20,7 @@ class DiffusionGenerationMixin:
 
     @property
     def diffusion_config(self) -> DiffusionConfig:
-        diffusion = DiffusionConfig.from_model_config(self.config)
-        if diffusion is None:
-            raise ValueError(
-                f"{type(self).__name__} has no diffusion description (no mask token id): attach one with "
-                "add_diffusion_generation(model, DiffusionConfig(mask_token_id=...))"
-            )
-        return diffusion
+        return require_diffusion_config(self)
 
     @property
     def diffusion_generation_config(self) -> DiffusionGenerationConfig:

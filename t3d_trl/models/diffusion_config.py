@@ -77,3 +77,19 @@ class DiffusionConfig:
     def save_to_model_config(self, config: Any) -> None:
         """Store this description in a transformers config (it then travels with ``save_pretrained``)."""
         setattr(config, CONFIG_KEY, self.to_dict())
+
+
+def require_diffusion_config(model: Any) -> DiffusionConfig:
+    """The diffusion description stored in ``model.config``; a ``ValueError`` saying how to attach one if absent.
+
+    The one check shared by the sampler, trajectory collection and the trainer, so a plain transformers model
+    gets the same message everywhere.
+    """
+    diffusion = DiffusionConfig.from_model_config(model.config)
+    if diffusion is None:
+        raise ValueError(
+            f"{type(model).__name__} has no mask token (no diffusion description in its config): load it with "
+            "AutoModelForDiffusionLM.from_pretrained, or call add_diffusion_generation(model, "
+            "DiffusionConfig(mask_token_id=...)) first"
+        )
+    return diffusion

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+import torch
 from transformers.utils import is_torch_bf16_gpu_available
 from trl.trainer.base_config import _BaseConfig
 
@@ -85,11 +86,27 @@ class T3DConfig(_BaseConfig):
         disable_dropout (`bool`, *optional*, defaults to `True`):
             Disable dropout in the student (and hence the reference): DDO's log-ratio must be exactly 0 right
             after a refresh.
+
+        > Output folder
+
+        overwrite_output_dir (`bool`, *optional*, defaults to `False`):
+            Train into an `output_dir` that already holds `checkpoint-*` folders without resuming: those
+            checkpoints are deleted first. Without it such a run stops with an error (pass
+            `resume_from_checkpoint=True` to continue from the last one), so a rerun never mixes two runs'
+            checkpoints.
+
+    Activation checkpointing is on by default (TRL's default), under transformers' name
+    `activation_checkpointing`; the deprecated `gradient_checkpointing` is still read when set.
     """
 
     # Parameters whose defaults differ from TrainingArguments: the paper's optimiser settings.
     learning_rate: float = field(
         default=1e-5, metadata={"help": "Initial AdamW learning rate (paper: 1e-5)."}
+    )
+    # TRL sets the deprecated alias to True, which makes transformers warn on every run: unset it here and turn
+    # activation_checkpointing on in __post_init__ instead (same behaviour, no warning).
+    gradient_checkpointing: bool | None = field(
+        default=None, metadata={"help": "Deprecated alias of activation_checkpointing."}
     )
 
     loss_type: str = field(
@@ -131,11 +148,14 @@ class T3DConfig(_BaseConfig):
         default=None, metadata={"help": "Processes for dataset preparation."}
     )
     disable_dropout: bool = field(default=True, metadata={"help": "Disable dropout in the model."})
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Delete the checkpoints already in output_dir instead of refusing to train there."},
+    )
 
     def __post_init__(self):
         # Processes started by torchrun (or a MULTI_GPU accelerate config) on a machine without GPUs train together
         # on the CPU (data parallel over gloo); left alone, accelerate would make each a separate one-process run.
-        import torch
 
         if (
             not self.use_cpu
@@ -146,6 +166,11 @@ class T3DConfig(_BaseConfig):
         # TRL turns bf16 on by default; only do so where bf16 training works (not on a CPU-only machine).
         if self.bf16 is None and not self.fp16:
             self.bf16 = not self.use_cpu and is_torch_bf16_gpu_available()
+        if self.activation_checkpointing is None and self.gradient_checkpointing is None:
+            self.activation_checkpointing = True
+        # Pinned memory only helps copies to an accelerator; without one torch warns on every dataloader.
+        if self.use_cpu or not torch.accelerator.is_available():
+            self.dataloader_pin_memory = False
         super().__post_init__()
         if self.loss_type not in LOSS_TYPES:
             raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {self.loss_type!r}")

@@ -7,6 +7,8 @@ import json
 import logging
 import math
 import os
+import re
+import shutil
 import textwrap
 from collections import defaultdict
 from contextlib import contextmanager
@@ -20,6 +22,7 @@ import safetensors.torch
 import torch
 from accelerate.utils import is_peft_model
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback
+from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl.models.utils import disable_gradient_checkpointing, prepare_deepspeed, prepare_fsdp
 from trl.trainer.base_trainer import _BaseTrainer
@@ -29,7 +32,7 @@ from ..data.collator import DataCollatorForDiffusion, diffusion_attention_mask
 from ..data.schema import TrajectoryMetadata
 from ..generation.configuration import DiffusionGenerationConfig
 from ..models.auto import AutoModelForDiffusionLM
-from ..models.diffusion_config import DiffusionConfig
+from ..models.diffusion_config import require_diffusion_config
 from ..models.forward import accepts_4d_mask, diffusion_forward, unwrap_model
 from ..utils import check_process_count
 from . import losses
@@ -41,6 +44,7 @@ REFERENCE_FILE = "t3d_reference.safetensors"
 _REF_ADAPTER = "ref"
 _COLUMNS = ("prompt_ids", "completion_ids", "decode_step", "row_index")
 _MODEL_CARD_TEMPLATE = Path(__file__).with_name("model_card.jinja")
+_CHECKPOINT = re.compile(rf"{PREFIX_CHECKPOINT_DIR}-\d+")
 
 
 def _is_sharded(module: torch.nn.Module) -> bool:
@@ -94,6 +98,24 @@ def _copy_parameters(
         return
     for target, source in zip(targets, sources, strict=True):
         target.data.copy_(source.data)
+
+
+def _checkpoints(output_dir: str | os.PathLike) -> list[Path]:
+    """The ``checkpoint-<step>`` folders of ``output_dir``, by step."""
+    folder = Path(output_dir)
+    if not folder.is_dir():
+        return []
+    found = [p for p in folder.iterdir() if p.is_dir() and _CHECKPOINT.fullmatch(p.name)]
+    return sorted(found, key=lambda p: int(p.name.rsplit("-", 1)[1]))
+
+
+def _last_complete_checkpoint(output_dir: str | os.PathLike) -> str | None:
+    """The last checkpoint with its ``trainer_state.json`` (written last): one cut short by a kill is skipped."""
+    for path in reversed(_checkpoints(output_dir)):
+        if (path / TRAINER_STATE_NAME).is_file():
+            return str(path)
+        logger.warning("%s has no %s (interrupted while saved?): not resumed from", path, TRAINER_STATE_NAME)
+    return None
 
 
 class _T3DCallback(TrainerCallback):
@@ -179,13 +201,7 @@ class T3DTrainer(_BaseTrainer):
 
         # The model: a diffusion description is what makes it a masked diffusion LM.
         inner = unwrap_model(model)
-        diffusion = DiffusionConfig.from_model_config(inner.config)
-        if diffusion is None:
-            raise ValueError(
-                f"{type(inner).__name__} has no mask token (no diffusion description in its config): load it with "
-                "AutoModelForDiffusionLM.from_pretrained, or call add_diffusion_generation(model, "
-                "DiffusionConfig(mask_token_id=...)) first"
-            )
+        diffusion = require_diffusion_config(inner)
         head = inner.get_output_embeddings()
         vocab = (head if head is not None else inner.get_input_embeddings()).weight.shape[0]
         if diffusion.mask_token_id >= vocab:
@@ -200,6 +216,7 @@ class T3DTrainer(_BaseTrainer):
             raise ValueError("block-causal training of a model with shifted logits is not supported")
         self.diffusion = diffusion
         self._vocab_size = vocab
+        self._max_positions = getattr(inner.config, "max_position_embeddings", None)
 
         # PEFT: the reference is a second adapter on the same base weights.
         if peft_config is not None:
@@ -230,7 +247,7 @@ class T3DTrainer(_BaseTrainer):
                 f"block_length={self.block_length} is not a multiple of tokens_per_step={args.tokens_per_step}"
             )
         self._check_metadata(metadata)
-        # The main process prepares (and caches) first; the others then reuse its cache files.
+        # The main process prepares first; the others then reuse the cache of mdlm's tokenisation.
         with args.main_process_first(desc="dataset preparation"):
             train_dataset = self._prepare_dataset(train_dataset, args, processing_class, "train")
             if isinstance(eval_dataset, dict):
@@ -394,25 +411,37 @@ class T3DTrainer(_BaseTrainer):
                     f"outside the model's vocabulary of {self._vocab_size}: the data was tokenised with another "
                     "tokenizer"
                 )
-        # Rows over the limits: prompts are never truncated (the row is dropped); completions are cut.
-        keep = pc.greater(lengths, 0)
+        # Rows over the limits: prompts are never truncated (the row is dropped); completions are cut. A row
+        # longer than the model's positions after the cut is dropped too: its positions would have no embedding.
+        limit = args.max_completion_length
+        prompt_lengths = pc.list_value_length(table["prompt_ids"]).to_numpy(zero_copy_only=False)
+        completion_lengths = lengths.to_numpy(zero_copy_only=False)
+        if limit is not None:
+            completion_lengths = np.minimum(completion_lengths, limit)
+        rules = {"empty completion": completion_lengths == 0}
         if args.max_prompt_length is not None:
-            keep = pc.and_(
-                keep, pc.less_equal(pc.list_value_length(table["prompt_ids"]), args.max_prompt_length)
+            rules[f"prompt longer than max_prompt_length={args.max_prompt_length}"] = (
+                prompt_lengths > args.max_prompt_length
             )
-        keep = np.asarray(keep.to_numpy(zero_copy_only=False), dtype=bool)
-        if not keep.all():
+        if self._max_positions is not None:
+            rules[
+                f"prompt + completion (cut to max_completion_length={limit}) longer than the model's "
+                f"max_position_embeddings={self._max_positions}"
+            ] = prompt_lengths + completion_lengths > self._max_positions
+        drop = np.zeros(len(dataset), dtype=bool)
+        counts = []
+        for rule, hit in rules.items():
+            if (hit & ~drop).any():  # each row is counted under the first rule that drops it
+                counts.append(f"{int((hit & ~drop).sum())} {rule}")
+            drop |= hit
+        if drop.any():
             logger.warning(
-                "%s dataset: dropped %d of %d rows (empty completion or prompt longer than max_prompt_length=%s)",
-                name,
-                int((~keep).sum()),
-                len(keep),
-                args.max_prompt_length,
+                "%s dataset: dropped %d of %d rows (%s)", name, int(drop.sum()), len(drop), "; ".join(counts)
             )
-            dataset = dataset.select(np.flatnonzero(keep))
+            # In memory: no cache file is written into the folder the data was loaded from.
+            dataset = dataset.select(np.flatnonzero(~drop), keep_in_memory=True)
         if len(dataset) == 0:
             raise ValueError(f"{name} dataset has no usable rows")
-        limit = args.max_completion_length
         extra = [c for c in dataset.column_names if c not in needed]
         dataset = dataset.remove_columns(extra)
 
@@ -423,7 +452,9 @@ class T3DTrainer(_BaseTrainer):
             batch["row_index"] = indices
             return batch
 
-        return dataset.map(finish, batched=True, with_indices=True, num_proc=args.dataset_num_proc)
+        return dataset.map(
+            finish, batched=True, with_indices=True, num_proc=args.dataset_num_proc, keep_in_memory=True
+        )
 
     @staticmethod
     def _refuse_rows(dataset: datasets.Dataset, bad: Any, where: str, problem: str) -> None:
@@ -786,18 +817,61 @@ class T3DTrainer(_BaseTrainer):
         with self._without_reference_adapter():
             super()._save(output_dir, state_dict)
 
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
+        """:meth:`transformers.Trainer.train`, safe to rerun into the same ``output_dir``.
+
+        ``resume_from_checkpoint``: a checkpoint folder, or ``True`` (also the strings ``"true"``/``"false"`` a
+        command line gives) for the last complete checkpoint in ``output_dir``. Without it, an ``output_dir`` that
+        already holds checkpoints is refused unless ``args.overwrite_output_dir``, which deletes them first: a
+        fresh run must not leave an older run's later checkpoints for a resume to pick up.
+        """
+        if isinstance(resume_from_checkpoint, str) and resume_from_checkpoint.lower() in ("true", "false"):
+            resume_from_checkpoint = resume_from_checkpoint.lower() == "true" or None
+        output_dir = self.args.output_dir
+        if resume_from_checkpoint is True:
+            resume_from_checkpoint = _last_complete_checkpoint(output_dir)
+            if resume_from_checkpoint is None:
+                raise ValueError(
+                    f"resume_from_checkpoint=True but {output_dir} holds no complete checkpoint-* folder"
+                )
+        elif not resume_from_checkpoint:
+            old = _checkpoints(output_dir)
+            if old and not self.args.overwrite_output_dir:
+                raise ValueError(
+                    f"{output_dir} already holds {', '.join(p.name for p in old)}: pass "
+                    "resume_from_checkpoint=True (--resume_from_checkpoint true) to continue from the last one, "
+                    "or overwrite_output_dir=True (--overwrite_output_dir true) to delete them and start over"
+                )
+            if old and self.args.should_save:
+                logger.warning("overwrite_output_dir: deleting %s", ", ".join(str(p) for p in old))
+                for path in old:
+                    shutil.rmtree(path)
+            self.accelerator.wait_for_everyone()
+        return super().train(resume_from_checkpoint, *args, **kwargs)
+
     def _save_checkpoint(self, model, trial):
-        name = Path(self.args.output_dir).name if self.args.hub_model_id is None else self.args.hub_model_id
-        self.create_model_card(model_name=name.split("/")[-1])
-        if self._needs_reference:
-            # Written first, so a checkpoint pushed to the Hub by the base class carries the reference too.
-            folder = os.path.join(
-                self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        folder = os.path.join(
+            self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        )
+        existed = os.path.isdir(folder)
+        try:
+            name = (
+                Path(self.args.output_dir).name if self.args.hub_model_id is None else self.args.hub_model_id
             )
-            if self.args.should_save:
-                os.makedirs(folder, exist_ok=True)
-            self._save_reference(folder)  # every process: a sharded reference is gathered for the main one
-        super()._save_checkpoint(model, trial)
+            self.create_model_card(model_name=name.split("/")[-1])
+            if self._needs_reference:
+                # Written first, so a checkpoint pushed to the Hub by the base class carries the reference too.
+                if self.args.should_save:
+                    os.makedirs(folder, exist_ok=True)
+                self._save_reference(
+                    folder
+                )  # every process: a sharded reference is gathered for the main one
+            super()._save_checkpoint(model, trial)
+        except BaseException:
+            # No half-written checkpoint-N/ is left behind for a resume to pick up (Ctrl-C included).
+            if not existed and self.args.should_save:
+                shutil.rmtree(folder, ignore_errors=True)
+            raise
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         # Runs on every resume, after the model weights are restored: restore the reference with them.
