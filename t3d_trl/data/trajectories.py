@@ -233,7 +233,12 @@ def _check_manifest(output_dir: Path, manifest: dict[str, Any], is_main: bool, b
         if not path.exists():
             path.write_text(json.dumps(manifest, indent=2))
     barrier()
-    saved = json.loads(path.read_text())
+    try:
+        saved = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(
+            f"{path} is not valid JSON ({err}): delete {output_dir} to start the collection over"
+        ) from err
     # A newer package version may resume an older collection; everything else must match.
     saved["metadata"].pop("t3d_trl_version", None)
     current = json.loads(json.dumps(manifest))
@@ -509,6 +514,12 @@ def merge_shards(
     )
     position = {p.id: p.index for batch in batches for p in batch}
     ids = table.column("id").to_pylist()
+    foreign = sorted(set(ids) - position.keys())
+    if foreign:
+        raise ValueError(
+            f"the shards in {output_dir / SHARD_DIR} hold ids that are not prompts of this collection "
+            f"({foreign[:5]}): they come from another collection; delete {output_dir} to start over"
+        )
     order = sorted(range(table.num_rows), key=lambda r: position[ids[r]])
     dataset = datasets.Dataset(table.take(pa.array(order)), info=datasets.DatasetInfo(features=features))
     metadata.attach(dataset)

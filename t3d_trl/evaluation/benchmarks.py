@@ -25,10 +25,10 @@ import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from ..data.prompts import format_user_message
+from ..utils import load_data_file
 from .math_checker import check_math
 from .sandbox import check_codes, extract_code
 
@@ -50,8 +50,6 @@ __all__ = [
 Example = dict[str, Any]
 #: ``checker(completions, examples) -> one bool per completion`` (batched so that code runs in parallel).
 Checker = Callable[[Sequence[str], Sequence[Mapping[str, Any]]], list[bool]]
-
-_FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
 # ------------------------------------------------------------------------------------------------ checkers
@@ -117,17 +115,8 @@ def humaneval_checker(
 
 # ------------------------------------------------------------------------------------------------ loading
 def load_rows(path: str | os.PathLike, limit: int | None = None) -> list[dict[str, Any]]:
-    """Rows of a local ``.json``/``.jsonl``/``.parquet``/``.csv`` file, read with :func:`datasets.load_dataset`."""
-    import datasets
-
-    path = Path(path)
-    builder = _FILE_BUILDERS.get(path.suffix.lower())
-    if builder is None:
-        raise ValueError(f"cannot read {str(path)!r}: expected one of {sorted(_FILE_BUILDERS)} files")
-    if not path.is_file():
-        raise FileNotFoundError(f"benchmark data file {str(path)!r} does not exist")
-    dataset = datasets.load_dataset(builder, data_files=str(path), split="train")
-    return _head(dataset, limit)
+    """Rows of a local ``.json``/``.jsonl``/``.parquet``/``.csv`` file (:func:`t3d_trl.utils.load_data_file`)."""
+    return _head(load_data_file(path), limit)
 
 
 def _head(dataset: Any, limit: int | None) -> list[dict[str, Any]]:
