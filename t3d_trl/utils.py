@@ -31,7 +31,9 @@ def load_data_file(path: str | os.PathLike, split: str = "train") -> Any:
     path = Path(path)
     builder = DATA_FILE_BUILDERS.get(path.suffix.lower())
     if builder is None:
-        raise ValueError(f"cannot read {str(path)!r}: expected one of {sorted(DATA_FILE_BUILDERS)} files")
+        raise ValueError(
+            f"cannot read {str(path)!r}: unsupported data file, use one of {sorted(DATA_FILE_BUILDERS)}"
+        )
     if not path.is_file():
         raise FileNotFoundError(f"data file {str(path)!r} does not exist")
     if not path.read_bytes().strip():

@@ -128,7 +128,9 @@ def test_generate_prints_the_completion(saved_models, capsys):
 
     with pytest.raises(ValueError, match="dtype must be 'auto' or a torch dtype name.*'float99'"):
         load_model(path, dtype="float99")
-    with pytest.raises(SystemExit) as exit_info:
-        main([*argv, "--steps", "4", "--tokens_per_step", "2"])
-    assert exit_info.value.code == 2
-    assert "not both" in capsys.readouterr().err
+    assert main([*argv, "--steps", "4", "--tokens_per_step", "2"]) == 2
+    assert capsys.readouterr().err.endswith("t3d-trl generate: give steps (4) or tokens_per_step (2), not both\n")
+    # One dialect: snake_case flags, kebab accepted; the chat template switch is eval's and collect's.
+    assert main([*argv, "--max-new-tokens", "8", "--tokens-per-step", "2", "--no_use_chat_template"]) == 0
+    plain = generate_completions(model, tokenizer, [message], config, use_chat_template=False, progress=False)
+    assert capsys.readouterr().out == plain.completions[0] + "\n"

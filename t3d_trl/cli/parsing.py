@@ -6,6 +6,7 @@ import argparse
 import inspect
 import re
 from collections.abc import Sequence
+from dataclasses import fields
 from typing import Any
 
 # ``--max-new-tokens`` is read as ``--max_new_tokens``: every command's flags are snake_case, kebab is accepted.
@@ -51,17 +52,15 @@ def docstring_help(cls: type) -> dict[str, str]:
     return helps
 
 
-def parse_recipe(
-    dataclass_types: Sequence[type], argv: Sequence[str], prog: str, description: str
-) -> tuple[Any, ...]:
-    """Parse ``--config recipe.yaml`` plus flags into instances of ``dataclass_types``.
+def build_recipe_parser(
+    dataclass_types: Sequence[type], prog: str | None = None, description: str | None = None
+):
+    """The ``TrlParser`` of a recipe command: ``--config`` listed, every option with a help text.
 
-    YAML values become defaults, flags override them, and a key that no dataclass knows, a value a dataclass
-    refuses or a recipe file that cannot be read raises :class:`RecipeError` naming it. Options without a
-    ``help`` in their field's metadata take it from the dataclass docstring; fields a dataclass lists in
-    ``cli_hidden`` (settings that mean nothing on the command line) are no options and no recipe keys.
+    Options without a ``help`` in their field's metadata take it from the dataclass docstring; fields a
+    dataclass lists in ``cli_hidden`` (settings that mean nothing on the command line) are no options and no
+    recipe keys.
     """
-    import yaml
     from trl import TrlParser  # here, so that the dispatcher importing RecipeError stays light
 
     parser = TrlParser(list(dataclass_types), prog=prog, description=description)
@@ -72,23 +71,40 @@ def parse_recipe(
     for cls in dataclass_types:
         helps.update({k: v for k, v in docstring_help(cls).items() if k not in helps})
         hidden.update(getattr(cls, "cli_hidden", ()))
-    for action in list(parser._actions):
-        if action.dest in hidden:
-            parser._remove_action(action)
-            for group in parser._action_groups:
-                if action in group._group_actions:
-                    group._group_actions.remove(action)
-            for option in action.option_strings:
-                parser._option_string_actions.pop(option, None)
+    for action in parser._actions:
+        if (
+            action.dest in hidden
+        ):  # kept for the parser's bookkeeping, left out of --help, refused in parse_recipe
+            action.help = argparse.SUPPRESS
         elif not action.help and action.option_strings:
-            negated = next((o for o in action.option_strings if o.startswith("--no_")), None)
+            negated = any(o.startswith("--no_") for o in action.option_strings)
             action.help = f"set --{action.dest} to false" if negated else helps.get(action.dest)
+    return parser
+
+
+def parse_recipe(
+    dataclass_types: Sequence[type], argv: Sequence[str], prog: str, description: str
+) -> tuple[Any, ...]:
+    """Parse ``--config recipe.yaml`` plus flags into instances of ``dataclass_types``.
+
+    YAML values become defaults, flags override them, and a key that no dataclass knows, a value a dataclass
+    refuses or a recipe file that cannot be read raises :class:`RecipeError` naming it. The parser is
+    :func:`build_recipe_parser`'s.
+    """
+    import yaml
+
+    parser = build_recipe_parser(dataclass_types, prog, description)
     argv = list(argv)
     if argv and argv[-1] == "--config":
         raise RecipeError("--config needs a recipe file: --config RECIPE.yaml")
     try:
-        return parser.parse_args_and_config(args=argv)
+        parsed = parser.parse_args_and_config(args=argv)
     except yaml.YAMLError as err:  # its message names the file, line and column
         raise RecipeError(f"the recipe is not valid YAML: {err}") from err
     except (ValueError, OSError) as err:
         raise RecipeError(str(err)) from err
+    for config in parsed:
+        for name in getattr(type(config), "cli_hidden", ()):
+            if getattr(config, name) != next(f.default for f in fields(config) if f.name == name):
+                raise RecipeError(f"{name} is no setting of {prog}: it is always set by the command itself")
+    return parsed
