@@ -547,7 +547,9 @@ def _check_run_settings(
         raise ValueError(f"num_samples must be positive, got {num_samples}")
     for setting in settings:  # over the class defaults: each model's own defaults are checked when it loads
         try:
-            DiffusionGenerationConfig().update(**{**generation_kwargs, **setting.overrides()})
+            config = DiffusionGenerationConfig().update(**{**generation_kwargs, **setting.overrides()})
+            if "max_new_tokens" in generation_kwargs:  # else each model's saved length decides
+                config.resolve(None)
         except (TypeError, ValueError) as err:
             raise ValueError(
                 f"decoding setting {setting.label} with {dict(generation_kwargs)}: {err}"
