@@ -144,11 +144,18 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--shard-mb", type=int, default=256)
     parser.add_argument("--child", nargs=3, metavar=("MODE", "SRC", "DST"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a seconds-long smoke run of the whole script (the test suite runs it so); its figures mean nothing",
+    )
     args = parser.parse_args()
     if args.child:
         _child(*args.child)
         return
-    if args.shards < 4 or args.shard_mb < 200:
+    if args.quick:
+        args.shards, args.shard_mb = 2, 2
+    elif args.shards < 4 or args.shard_mb < 200:
         parser.error("the acceptance setting needs at least 4 shards of at least 200 MB")
 
     with tempfile.TemporaryDirectory(prefix="bench_convert_") as tmp:

@@ -117,7 +117,14 @@ def main() -> None:
     parser.add_argument("--gen-len", type=int, default=128)
     parser.add_argument("--block", type=int, default=32)
     parser.add_argument("--cache-gen-len", type=int, default=512)
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a seconds-long smoke run of the whole script (the test suite runs it so); its figures mean nothing",
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.reps, args.prompt_len, args.gen_len, args.block, args.cache_gen_len = 1, 8, 16, 8, 16
     torch.set_num_threads(args.threads)
 
     model = build_model("bidirectional")

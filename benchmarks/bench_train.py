@@ -163,7 +163,14 @@ def main() -> None:
     )
     parser.add_argument("--repeats", type=int, default=3, help="t3d/td children, alternated")
     parser.add_argument("--worker", choices=sorted(CONFIGS), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a seconds-long smoke run of the whole script (the test suite runs it so); its figures mean nothing",
+    )
     options = parser.parse_args()
+    if options.quick:
+        options.steps, options.repeats = 3, 1
     if options.worker:
         print(json.dumps(worker(options.worker, options.steps)))
         return

@@ -1,8 +1,14 @@
-"""The benchmark registry: loading each schema from local files, prompts, checkers, custom benchmarks."""
+"""The benchmark registry (loading each schema from local files, prompts, checkers, custom benchmarks), and the
+scripts under benchmarks/, each run with ``--quick``."""
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from conftest import BENCHMARK_ROWS
@@ -177,3 +183,31 @@ def test_hub_failure_without_offline_copy_names_the_fix(monkeypatch):
     hub_unreachable(monkeypatch)
     with pytest.raises(OSError, match="data_files"):
         get_benchmark("gsm8k").load(limit=1)
+
+
+# ------------------------------------------------------------------------------------------------ scripts
+# Every benchmarks/bench_*.py runs here with --quick, so that none rots unseen (found by glob: new ones too).
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = sorted((REPO / "benchmarks").glob("bench_*.py"))
+
+
+def test_benchmark_scripts_are_found():
+    assert {"bench_collect", "bench_generation", "bench_train"} <= {script.stem for script in SCRIPTS}
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda script: script.stem)
+def test_benchmark_script_runs_quick_and_ends_with_one_json_line(script):
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
+    done = subprocess.run(
+        [sys.executable, str(script), "--quick"],
+        cwd=REPO,
+        env={**env, "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert isinstance(json.loads(done.stdout.strip().splitlines()[-1]), dict)
