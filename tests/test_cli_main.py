@@ -8,19 +8,12 @@ import sys
 
 import pyarrow.parquet as pq
 import pytest
-import torch
 
 from t3d_trl.cli import main as dispatcher
 from t3d_trl.cli.main import DEBUG_ENV, main
 from t3d_trl.cli.parsing import build_recipe_parser, snake_case_flags
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 @pytest.fixture

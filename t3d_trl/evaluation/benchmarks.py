@@ -235,7 +235,11 @@ def _key(name: str) -> str:
 
 
 def register_benchmark(name: str, benchmark: Benchmark, *, overwrite: bool = False) -> Benchmark:
-    """Make ``benchmark`` available by ``name`` (case, ``-`` and ``_`` are ignored) to the runner and the CLI."""
+    """Make ``benchmark`` available by ``name`` (case, ``-`` and ``_`` are ignored) to the runner.
+
+    The registry lives in the running process: for ``t3d-trl eval``, put this call in a module and name it with
+    ``--benchmark_modules`` (a ``.py`` file or an importable module), which the command imports first.
+    """
     if not isinstance(benchmark, Benchmark):
         raise TypeError(f"expected a Benchmark, got {type(benchmark).__name__}")
     key = _key(name)
