@@ -9,6 +9,15 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
+
+class MissingKeyError(KeyError, ValueError):
+    """A name the input lacks (a column, a benchmark): a ``KeyError`` to code that looks names up, and a
+    ``ValueError`` (bad input) to the command line, which reports it in one line."""
+
+    def __str__(self) -> str:  # KeyError's str() would quote the whole message
+        return str(self.args[0]) if self.args else ""
+
+
 #: Local data files ``datasets.load_dataset`` reads, by suffix.
 DATA_FILE_BUILDERS = {
     ".json": "json",

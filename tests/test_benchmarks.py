@@ -75,7 +75,7 @@ def test_limit_and_file_errors(benchmark_files, tmp_path):
     with pytest.raises(FileNotFoundError, match="missing.jsonl"):
         load_rows(tmp_path / "missing.jsonl")
     # A math500 file given for gsm8k: the error names the missing column and the ones present.
-    with pytest.raises(KeyError, match=r"needs column\(s\) \['question'\].*'problem'"):
+    with pytest.raises(ValueError, match=r"needs column\(s\) \['question'\].*'problem'"):
         get_benchmark("gsm8k").load(benchmark_files["math500"])
 
 

@@ -190,3 +190,11 @@ def test_every_recipe_command_lists_config_and_helps_every_option(command, capsy
         argv = ["collect", "--model_name_or_path", "m", "--dataset_name", "d", "--output_dir", "o"]
         assert main([*argv, "--return_dict_in_generate", "true"]) == 2
         assert "return_dict_in_generate is no setting of t3d-trl collect" in one_line_error(capsys, "collect")
+
+
+def test_a_missing_column_is_a_one_line_error(teacher, tmp_path, capsys):
+    data = tmp_path / "problems.jsonl"
+    data.write_text('{"question": "1+1"}\n')
+    assert main(collect_argv(teacher, str(data), str(tmp_path / "out"))) == 2  # was a KeyError traceback
+    line = one_line_error(capsys, "collect")
+    assert "prompt_column 'problem' is not a column of the dataset" in line and "['question']" in line

@@ -175,6 +175,7 @@ def count_runs(monkeypatch) -> list[str]:
         ({"models": ["gone=nope-out"]}, "model 'gone': model 'nope-out': no such folder, and offline"),
         ({"benchmarks": ["gsm8k", "nope"]}, "unknown benchmark 'nope'"),
         ({"data_files": ["gsm8k=missing.jsonl"]}, "data file 'missing.jsonl' does not exist"),
+        ({"data_files": ["gsm8k=math.jsonl"]}, "benchmark 'GSM8K' needs column(s) ['question']"),
         (
             {"data_files": ["math500=x.jsonl"]},
             "data_files name benchmark(s) ['MATH500'] that are not evaluated",
@@ -188,6 +189,7 @@ def test_eval_checks_everything_before_the_first_generation(
     saved_models, benchmark_files, tmp_path, capsys, monkeypatch, change, message
 ):
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "math.jsonl").write_text('{"problem": "1+1?", "answer": "2"}\n')  # MATH500's schema
     calls = count_runs(monkeypatch)
     values = {
         "models": [f"first={saved_models['sdar-like']}"],  # a good model first: it must not run either

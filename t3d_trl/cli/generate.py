@@ -83,10 +83,7 @@ def main(argv: list[str]) -> int:
     from ..data.prompts import format_user_message
     from ..evaluation.runner import generate_completions, load_model
 
-    try:
-        message = format_user_message(args.template, {"problem": prompt})
-    except KeyError as err:
-        raise ValueError(f"--template {args.template!r} names a field other than {{problem}}: {err}") from err
+    message = format_user_message(args.template, {"problem": prompt})
     model, tokenizer = load_model(args.model, args.dtype, args.device)
     config = model.diffusion_generation_config.update(**overrides)
     generator = torch.Generator(device=next(model.parameters()).device).manual_seed(args.seed)

@@ -38,6 +38,7 @@ from tqdm.auto import tqdm
 
 from ..generation.configuration import DiffusionGenerationConfig
 from ..generation.sampler import eos_token_ids, left_pad
+from ..utils import MissingKeyError
 from .prompts import encode_prompts, format_user_message
 from .schema import TRAJECTORY_COLUMNS, TrajectoryMetadata, validate_trajectories
 
@@ -61,7 +62,7 @@ class PromptRow:
 def _user_message(row: Mapping[str, Any], template: str, prompt_column: str) -> str:
     # The template's {problem} field reads `prompt_column`, other fields read the columns of their name.
     if prompt_column not in row:
-        raise KeyError(
+        raise MissingKeyError(
             f"prompt_column {prompt_column!r} is not a column of the dataset; it has {sorted(row)}"
         )
     return format_user_message(template, {**row, "problem": row[prompt_column]})

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..data.prompts import format_user_message
-from ..utils import load_data_file
+from ..utils import MissingKeyError, load_data_file
 from .math_checker import check_math
 from .sandbox import check_codes, extract_code
 
@@ -203,7 +203,7 @@ class Benchmark:
         fields = {name: column for name, column in self.columns.items() if name != "id" or column in row}
         missing = [column for column in fields.values() if column not in row]
         if missing:
-            raise KeyError(f"benchmark {self.name!r} needs column(s) {missing}; the data has {sorted(row)}")
+            raise ValueError(f"benchmark {self.name!r} needs column(s) {missing}; the data has {sorted(row)}")
         example = dict(row)
         example.update({name: row[column] for name, column in fields.items()})
         example["id"] = str(example["id"]) if "id" in fields else str(index)
@@ -259,7 +259,9 @@ def get_benchmark(name: str | Benchmark) -> Benchmark:
         return name
     benchmark = BENCHMARKS.get(_key(name))
     if benchmark is None:
-        raise KeyError(f"unknown benchmark {name!r}; registered: {list_benchmarks()}")
+        raise MissingKeyError(
+            f"unknown benchmark {name!r}; registered: {list_benchmarks()} (your own: --benchmark_modules)"
+        )
     return benchmark
 
 

@@ -517,13 +517,6 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "model"
 
 
-def _benchmark(name: str | Benchmark) -> Benchmark:
-    try:
-        return get_benchmark(name)
-    except KeyError as err:  # a bad setting, reported as such
-        raise ValueError(err.args[0]) from err
-
-
 def _check_run_settings(
     models: Mapping[str, Any],
     settings: Sequence[DecodingSetting],
@@ -642,16 +635,19 @@ def run_grid(
     if not models:
         raise ValueError("models must name at least one model")
     settings = grid_settings(block_lengths, tokens_per_step, thresholds)
-    benchmarks = [_benchmark(b) for b in benchmarks]
+    benchmarks = [get_benchmark(b) for b in benchmarks]
     if not benchmarks:
         raise ValueError("benchmarks must name at least one benchmark")
-    data_files = {_benchmark(name).name: path for name, path in (data_files or {}).items()}
+    data_files = {get_benchmark(name).name: path for name, path in (data_files or {}).items()}
     unused = sorted(set(data_files) - {b.name for b in benchmarks})
     if unused:
         raise ValueError(f"data_files name benchmark(s) {unused} that are not evaluated")
     generation_kwargs = dict(generation_kwargs or {})
     _check_run_settings(models, settings, generation_kwargs, limit, batch_size, seeds, num_samples, tokenizer)
     examples = {b.name: b.load(data_files.get(b.name), limit) for b in benchmarks}
+    for benchmark in benchmarks:  # every prompt can be built (a template may name a column the data lacks)
+        for example in examples[benchmark.name]:
+            benchmark.user_message(example)
     output = Path(output_dir) if output_dir is not None else None
     grid = GridResult(
         settings={
