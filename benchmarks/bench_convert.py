@@ -62,11 +62,11 @@ def _child(mode: str, src: str, dst: str) -> None:
     print(json.dumps({"seconds": seconds, "peak_extra_bytes": (peak - baseline) * 1024}))
 
 
-def build_checkpoint(path: Path, shards: int, shard_mb: int) -> int:
+def build_checkpoint(path: Path, shards: int, shard_mb: int, d_model: int = 2048, vocab: int = 16384) -> int:
     """Write a LLaDA-layout bf16 checkpoint of ``shards`` shards (two blocks each); returns the largest shard size."""
     from safetensors.torch import save_file
 
-    d_model, heads, vocab = 2048, 16, 16384
+    heads = 16
     block_bytes = 2 * (4 * d_model * d_model)  # bf16 attention projections
     mlp = max(256, (shard_mb * 2**20 // 2 - block_bytes) // (2 * 3 * d_model) // 256 * 256)
     config = {
@@ -160,7 +160,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="bench_convert_") as tmp:
         src = Path(tmp) / "src"
-        largest = build_checkpoint(src, args.shards, args.shard_mb)
+        largest = build_checkpoint(src, args.shards, args.shard_mb, *((256, 1024) if args.quick else ()))
         total = sum(f.stat().st_size for f in src.glob("*.safetensors"))
         results = {}
         for mode in ("convert", "load+save"):
