@@ -27,6 +27,7 @@ import gc
 import json
 import logging
 import math
+import os
 import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -577,6 +578,14 @@ def _read_results(output: Path) -> GridResult | None:
         ) from err
 
 
+def _write_results(output: Path, grid: GridResult) -> None:
+    # Written beside, then moved into place: a crash mid-write never leaves a truncated results.json.
+    output.mkdir(parents=True, exist_ok=True)
+    tmp = output / ".results.json.tmp"
+    tmp.write_text(json.dumps(grid.to_dict(), indent=2))
+    os.replace(tmp, output / "results.json")
+
+
 def _merge_settings(earlier: GridResult, current: GridResult) -> GridResult:
     """Earlier results kept, the grid description the union of both (models, benchmarks, decoding)."""
     old, new = earlier.settings, current.settings
@@ -749,8 +758,7 @@ def run_grid(
             else:
                 grid.results.append(entry)
             if output is not None:
-                output.mkdir(parents=True, exist_ok=True)
-                (output / "results.json").write_text(json.dumps(grid.to_dict(), indent=2))
+                _write_results(output, grid)
             bar.update()
         if isinstance(spec, str):  # loaded here: release it before the next one
             del model
@@ -761,7 +769,6 @@ def run_grid(
     if output is not None:
         from .report import write_report
 
-        output.mkdir(parents=True, exist_ok=True)
-        (output / "results.json").write_text(json.dumps(grid.to_dict(), indent=2))
+        _write_results(output, grid)
         write_report(grid.results, output)
     return grid
