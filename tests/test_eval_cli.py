@@ -176,10 +176,6 @@ def count_runs(monkeypatch) -> list[str]:
         ({"benchmarks": ["gsm8k", "nope"]}, "unknown benchmark 'nope'"),
         ({"data_files": ["gsm8k=missing.jsonl"]}, "data file 'missing.jsonl' does not exist"),
         ({"data_files": ["gsm8k=math.jsonl"]}, "benchmark 'GSM8K' needs column(s) ['question']"),
-        (
-            {"data_files": ["math500=x.jsonl"]},
-            "data_files name benchmark(s) ['MATH500'] that are not evaluated",
-        ),
         ({"thresholds": [1.5]}, "thresholds must be in (0, 1], got 1.5"),
         ({"max_new_tokens": 6}, "decoding setting block4-tokps4"),
         ({"seeds": []}, "seeds must hold at least one seed"),

@@ -649,8 +649,8 @@ def run_grid(
         raise ValueError("benchmarks must name at least one benchmark")
     data_files = {get_benchmark(name).name: path for name, path in (data_files or {}).items()}
     unused = sorted(set(data_files) - {b.name for b in benchmarks})
-    if unused:
-        raise ValueError(f"data_files name benchmark(s) {unused} that are not evaluated")
+    if unused:  # a recipe may list every local copy and a run evaluate a few: not an error
+        logger.warning("data_files of benchmark(s) %s are not used: they are not evaluated", unused)
     generation_kwargs = dict(generation_kwargs or {})
     _check_run_settings(models, settings, generation_kwargs, limit, batch_size, seeds, num_samples, tokenizer)
     examples = {b.name: b.load(data_files.get(b.name), limit) for b in benchmarks}
