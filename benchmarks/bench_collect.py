@@ -10,7 +10,7 @@ Measured side by side in one process, repetitions interleaved, best repetition k
 
 The last line printed is one JSON object.
 
-    python benchmarks/bench_collect.py [--reps 3] [--threads 1]
+    python benchmarks/bench_collect.py [--reps 3] [--threads 1] [--quick]
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 from t3d_trl import DiffusionConfig, DiffusionGenerationConfig, add_diffusion_generation, collect_trajectories
-from t3d_trl.data.trajectories import _left_pad, build_prompts, plan_batches
+from t3d_trl.data.trajectories import build_prompts, plan_batches
+from t3d_trl.generation.sampler import left_pad
 
 
 def build_tokenizer() -> PreTrainedTokenizerFast:
@@ -70,7 +71,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a seconds-long smoke run of the whole script (the test suite runs it so); its figures mean nothing",
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.reps, args.prompts, args.new_tokens = 1, 4, 8
     torch.set_num_threads(args.threads)
     logging.disable(logging.WARNING)
 
@@ -102,7 +110,7 @@ def main() -> None:
     def bare() -> float:
         start = time.perf_counter()
         for batch in batches:
-            input_ids, attention_mask = _left_pad([p.prompt_ids for p in batch], tokenizer.pad_token_id)
+            input_ids, attention_mask = left_pad([p.prompt_ids for p in batch], tokenizer.pad_token_id)
             model.diffusion_generate(input_ids, attention_mask, config, return_dict_in_generate=True)
         return time.perf_counter() - start
 

@@ -62,11 +62,11 @@ def _child(mode: str, src: str, dst: str) -> None:
     print(json.dumps({"seconds": seconds, "peak_extra_bytes": (peak - baseline) * 1024}))
 
 
-def build_checkpoint(path: Path, shards: int, shard_mb: int) -> int:
+def build_checkpoint(path: Path, shards: int, shard_mb: int, d_model: int = 2048, vocab: int = 16384) -> int:
     """Write a LLaDA-layout bf16 checkpoint of ``shards`` shards (two blocks each); returns the largest shard size."""
     from safetensors.torch import save_file
 
-    d_model, heads, vocab = 2048, 16, 16384
+    heads = 16
     block_bytes = 2 * (4 * d_model * d_model)  # bf16 attention projections
     mlp = max(256, (shard_mb * 2**20 // 2 - block_bytes) // (2 * 3 * d_model) // 256 * 256)
     config = {
@@ -144,16 +144,23 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--shard-mb", type=int, default=256)
     parser.add_argument("--child", nargs=3, metavar=("MODE", "SRC", "DST"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a seconds-long smoke run of the whole script (the test suite runs it so); its figures mean nothing",
+    )
     args = parser.parse_args()
     if args.child:
         _child(*args.child)
         return
-    if args.shards < 4 or args.shard_mb < 200:
+    if args.quick:
+        args.shards, args.shard_mb = 2, 2
+    elif args.shards < 4 or args.shard_mb < 200:
         parser.error("the acceptance setting needs at least 4 shards of at least 200 MB")
 
     with tempfile.TemporaryDirectory(prefix="bench_convert_") as tmp:
         src = Path(tmp) / "src"
-        largest = build_checkpoint(src, args.shards, args.shard_mb)
+        largest = build_checkpoint(src, args.shards, args.shard_mb, *((256, 1024) if args.quick else ()))
         total = sum(f.stat().st_size for f in src.glob("*.safetensors"))
         results = {}
         for mode in ("convert", "load+save"):

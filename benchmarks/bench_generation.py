@@ -22,13 +22,13 @@ from t3d_trl import DiffusionConfig, add_diffusion_generation
 MASK_ID = 8191
 
 
-def build_model(attention: str) -> torch.nn.Module:
+def build_model(attention: str, quick: bool = False) -> torch.nn.Module:
     torch.manual_seed(0)
     config = Qwen3Config(
         vocab_size=8192,
-        hidden_size=512,
-        intermediate_size=1536,
-        num_hidden_layers=6,
+        hidden_size=64 if quick else 512,
+        intermediate_size=128 if quick else 1536,
+        num_hidden_layers=1 if quick else 6,
         num_attention_heads=8,
         num_key_value_heads=4,
         head_dim=64,
@@ -117,10 +117,17 @@ def main() -> None:
     parser.add_argument("--gen-len", type=int, default=128)
     parser.add_argument("--block", type=int, default=32)
     parser.add_argument("--cache-gen-len", type=int, default=512)
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a seconds-long smoke run of the whole script (the test suite runs it so); its figures mean nothing",
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.reps, args.prompt_len, args.gen_len, args.block, args.cache_gen_len = 1, 8, 16, 8, 16
     torch.set_num_threads(args.threads)
 
-    model = build_model("bidirectional")
+    model = build_model("bidirectional", args.quick)
     params = sum(p.numel() for p in model.parameters())
     prompt = torch.randint(0, 8000, (1, args.prompt_len), generator=torch.Generator().manual_seed(1))
     base = dict(max_new_tokens=args.gen_len, block_length=args.block, stop_at_eos=False)
@@ -166,7 +173,7 @@ def main() -> None:
     )
 
     # 5. Block KV cache on a block-causal model: 512 tokens, block 4, one token per step.
-    causal = build_model("block_causal")
+    causal = build_model("block_causal", args.quick)
     cache_args = dict(max_new_tokens=args.cache_gen_len, block_length=4, tokens_per_step=1, stop_at_eos=False)
     causal.diffusion_generate(prompt, **{**cache_args, "max_new_tokens": 8})
     cached_t, nocache_t = [], []

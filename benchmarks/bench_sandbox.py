@@ -115,7 +115,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per side (median is reported)")
     parser.add_argument("--timeout", type=float, default=10.0, help="per-program time limit, both sides (s)")
     parser.add_argument("--limit", type=int, default=None, help="use only the first N problems")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a seconds-long smoke run of the whole script (the test suite runs it so); its figures mean nothing",
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.limit, args.repeats, args.workers = 4, 1, min(args.workers, 2)
     if args.workers < 1 or args.repeats < 1 or args.timeout <= 0:
         parser.error("--workers and --repeats must be >= 1 and --timeout > 0")
 

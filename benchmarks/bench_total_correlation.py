@@ -30,7 +30,14 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=16)
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a seconds-long smoke run of the whole script (the test suite runs it so); its figures mean nothing",
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.rows, args.samples, args.reps, args.threads = 2, 2, 1, 1
     torch.set_num_threads(args.threads)
 
     task = get_task("sort2")

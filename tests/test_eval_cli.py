@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 import yaml
@@ -128,7 +129,181 @@ def test_generate_prints_the_completion(saved_models, capsys):
 
     with pytest.raises(ValueError, match="dtype must be 'auto' or a torch dtype name.*'float99'"):
         load_model(path, dtype="float99")
-    with pytest.raises(SystemExit) as exit_info:
-        main([*argv, "--steps", "4", "--tokens_per_step", "2"])
-    assert exit_info.value.code == 2
-    assert "not both" in capsys.readouterr().err
+    assert main([*argv, "--steps", "4", "--tokens_per_step", "2"]) == 2
+    assert capsys.readouterr().err.endswith(
+        "t3d-trl generate: give steps (4) or tokens_per_step (2), not both\n"
+    )
+    # One dialect: snake_case flags, kebab accepted; the chat template switch is eval's and collect's.
+    assert main([*argv, "--max-new-tokens", "8", "--tokens-per-step", "2", "--no_use_chat_template"]) == 0
+    plain = generate_completions(model, tokenizer, [message], config, use_chat_template=False, progress=False)
+    assert capsys.readouterr().out == plain.completions[0] + "\n"
+
+
+def small_grid(models: list[str], benchmark_files, output, *extra: str) -> list[str]:
+    return [
+        "eval",
+        "--models",
+        *models,
+        "--benchmarks",
+        "gsm8k",
+        "--data_files",
+        f"gsm8k={benchmark_files['gsm8k']}",
+        *("--block_lengths", "4", "--tokens_per_step", "4", "--max_new_tokens", "4"),
+        *("--output_dir", str(output), *extra),
+    ]
+
+
+def count_runs(monkeypatch) -> list[str]:
+    """Record the benchmark of every evaluate_model call of the grid."""
+    from t3d_trl.evaluation import runner
+
+    calls: list[str] = []
+    real = runner.evaluate_model
+
+    def counting(model, tokenizer, benchmark, *args, **kwargs):
+        calls.append(getattr(benchmark, "name", benchmark))
+        return real(model, tokenizer, benchmark, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "evaluate_model", counting)
+    return calls
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"models": ["./missing-model"]}, "model 'missing-model': model './missing-model': no such folder"),
+        ({"models": ["gone=nope-out"]}, "model 'gone': model 'nope-out': no such folder, and offline"),
+        ({"benchmarks": ["gsm8k", "nope"]}, "unknown benchmark 'nope'"),
+        ({"data_files": ["gsm8k=missing.jsonl"]}, "data file 'missing.jsonl' does not exist"),
+        ({"data_files": ["gsm8k=math.jsonl"]}, "benchmark 'GSM8K' needs column(s) ['question']"),
+        ({"thresholds": [1.5]}, "thresholds must be in (0, 1], got 1.5"),
+        ({"max_new_tokens": 6}, "decoding setting block4-tokps4"),
+        ({"seeds": []}, "seeds must hold at least one seed"),
+    ],
+)
+def test_eval_checks_everything_before_the_first_generation(
+    saved_models, benchmark_files, tmp_path, capsys, monkeypatch, change, message
+):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "math.jsonl").write_text('{"problem": "1+1?", "answer": "2"}\n')  # MATH500's schema
+    calls = count_runs(monkeypatch)
+    values = {
+        "models": [f"first={saved_models['sdar-like']}"],  # a good model first: it must not run either
+        "benchmarks": ["gsm8k"],
+        "data_files": [f"gsm8k={benchmark_files['gsm8k']}"],
+        "block_lengths": [4],
+        "tokens_per_step": [4],
+        "max_new_tokens": 4,
+        "output_dir": str(tmp_path / "eval"),
+    }
+    values = {**values, **change, "models": values["models"] + change.get("models", [])}
+    recipe = tmp_path / "eval.yaml"
+    recipe.write_text(yaml.safe_dump(values))
+    assert main(["eval", "--config", str(recipe)]) == 2
+    err = capsys.readouterr().err
+    assert "t3d-trl eval: " in err and message in err and "Traceback" not in err
+    assert calls == [] and not (tmp_path / "eval").exists()
+
+
+def test_eval_rerun_skips_finished_runs_and_never_shrinks_results(
+    saved_models, benchmark_files, tmp_path, capsys, monkeypatch, caplog
+):
+    output = tmp_path / "eval"
+    first, second = f"a={saved_models['sdar-like']}", f"b={saved_models['llada-like']}"
+    calls = count_runs(monkeypatch)
+    assert main(small_grid([first], benchmark_files, output)) == 0
+    assert len(calls) == 1
+    with caplog.at_level(logging.INFO, logger="t3d_trl"):
+        assert main(small_grid([first, second], benchmark_files, output)) == 0
+    assert len(calls) == 2  # only b ran
+    assert "skipping 1 run(s) already finished" in caplog.text
+    saved = json.loads((output / "results.json").read_text())
+    assert [e["model"] for e in saved["results"]] == ["a", "b"]
+    assert list(saved["settings"]["models"]) == ["a", "b"]
+
+    # A later, smaller command (or one that crashed) keeps what is there, and the report shows it all.
+    assert main(small_grid([second], benchmark_files, output)) == 0
+    assert len(calls) == 2
+    saved = json.loads((output / "results.json").read_text())
+    assert [e["model"] for e in saved["results"]] == ["a", "b"]
+    table = (output / "table.md").read_text()
+    assert "| a |" in table and "| b |" in table
+    # Other run settings make a run stale: it is evaluated again and replaced where it stood.
+    assert main(small_grid([first], benchmark_files, output, "--limit", "1")) == 0
+    assert len(calls) == 3
+    saved = json.loads((output / "results.json").read_text())
+    assert [(e["model"], e["metrics"]["num_samples"]) for e in saved["results"]] == [("a", 1), ("b", 2)]
+
+
+USER_BENCHMARKS = """
+from t3d_trl.evaluation.benchmarks import Benchmark, register_benchmark
+
+
+def checker(completions, examples):
+    for example in examples:
+        if example["answer"] == "boom":
+            raise RuntimeError("cannot judge " + example["id"])
+    return [True] * len(completions)
+
+
+register_benchmark(
+    "fragile",
+    Benchmark(name="Fragile", path="me/fragile", columns={"answer": "answer"}, checker=checker),
+    overwrite=True,
+)
+"""
+
+
+def test_user_benchmark_module_and_a_raising_checker(saved_models, tmp_path, capsys):
+    from t3d_trl.evaluation.benchmarks import BENCHMARKS
+
+    module = tmp_path / "my_benchmarks.py"
+    module.write_text(USER_BENCHMARKS)
+    data = tmp_path / "fragile.jsonl"
+    data.write_text('{"problem": "a", "answer": "ok"}\n{"problem": "b", "answer": "boom"}\n')
+    output = tmp_path / "eval"
+    argv = ["eval", "--models", saved_models["sdar-like"], "--benchmarks", "fragile"]
+    argv += ["--data_files", f"fragile={data}", "--max_new_tokens", "4", "--output_dir", str(output)]
+    try:
+        assert main(argv) == 2  # without the module the benchmark is unknown, before anything runs
+        assert "unknown benchmark 'fragile'" in capsys.readouterr().err
+        assert main([*argv, "--benchmark_modules", str(module)]) == 0
+    finally:
+        BENCHMARKS.pop("fragile", None)
+    saved = json.loads((output / "results.json").read_text())
+    (entry,) = saved["results"]
+    assert entry["metrics"]["accuracy"] == 0.5  # the run went on: the item that raised is failed
+    samples = [json.loads(line) for line in (output / entry["samples_file"]).read_text().splitlines()]
+    assert [(s["correct"], s["error"]) for s in samples] == [
+        (True, None),
+        (False, "RuntimeError: cannot judge 1"),
+    ]
+    assert main([*argv, "--benchmark_modules", "no_such_module_here"]) == 2
+    assert "cannot import 'no_such_module_here'" in capsys.readouterr().err
+
+
+def test_generate_and_eval_take_an_adapter_folder(saved_models, benchmark_files, tmp_path, capsys):
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    from t3d_trl import AutoModelForDiffusionLM
+
+    base = saved_models["llada-like"]
+    lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    adapter = tmp_path / "adapter"
+    get_peft_model(AutoModelForDiffusionLM.from_pretrained(base), lora).save_pretrained(adapter)
+    # No tokenizer in the folder: the base model's is used.
+    model, tokenizer = load_model(str(adapter))
+    assert isinstance(model, PeftModel)
+    argv = ["generate", "--model", str(adapter), "--prompt", "2+2?", "--max_new_tokens", "8"]
+    assert main(argv) == 0
+    message = format_user_message("plain", {"problem": "2+2?"})
+    config = model.diffusion_generation_config.update(max_new_tokens=8)
+    expected = generate_completions(model, tokenizer, [message], config, progress=False)
+    assert capsys.readouterr().out == expected.completions[0] + "\n"
+    base_out = generate_completions(*load_model(base), [message], config, progress=False)
+    assert base_out.completions != expected.completions or base_out.nfe != expected.nfe  # the adapter acts
+
+    output = tmp_path / "eval"
+    assert main(small_grid([f"lora={adapter}"], benchmark_files, output)) == 0
+    saved = json.loads((output / "results.json").read_text())
+    assert [e["model"] for e in saved["results"]] == ["lora"]

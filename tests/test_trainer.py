@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import importlib.machinery
+import json
 import math
 import shutil
 import types
@@ -21,6 +23,7 @@ from conftest import (
 
 from t3d_trl import AutoModelForDiffusionLM, DiffusionGenerationConfig
 from t3d_trl.data.schema import TrajectoryMetadata
+from t3d_trl.models.forward import unwrap_model
 from t3d_trl.trainer import T3DConfig, T3DTrainer
 from t3d_trl.trainer.t3d_trainer import REFERENCE_FILE
 
@@ -121,7 +124,7 @@ def test_gradient_accumulation_normalises_over_the_whole_step(tokenizer, traject
 
 
 def test_peft_lora_trains_with_a_reference_adapter_and_saves_an_adapter_that_loads(
-    tokenizer, trajectories, tmp_path
+    tokenizer, trajectories, tmp_path, monkeypatch
 ):
     from peft import LoraConfig, PeftModel
 
@@ -145,6 +148,42 @@ def test_peft_lora_trains_with_a_reference_adapter_and_saves_an_adapter_that_loa
     model.eval()
     with torch.no_grad():
         torch.testing.assert_close(loaded(input_ids=ids).logits, model(input_ids=ids).logits)
+
+    # The project's own loader takes the adapter folder: base model first (peft's convention: the base named in
+    # adapter_config.json, here saved to disk), then the adapter, with the distilled decoding defaults.
+    base = tmp_path / "base"
+    build_bidirectional_model(tokenizer, seed=1).save_pretrained(base)
+    adapter_config = json.loads((out / "adapter_config.json").read_text())
+    adapter_config["base_model_name_or_path"] = str(base)
+    (out / "adapter_config.json").write_text(json.dumps(adapter_config))
+    auto = AutoModelForDiffusionLM.from_pretrained(str(out)).eval()
+    assert isinstance(auto, PeftModel)
+    trained_defaults = DiffusionGenerationConfig.from_model_config(unwrap_model(model).config)
+    base_defaults = AutoModelForDiffusionLM.from_pretrained(str(base)).diffusion_generation_config
+    assert trained_defaults != base_defaults  # distillation set them: they travel with the adapter
+    assert DiffusionGenerationConfig.from_model_config(unwrap_model(auto).config) == trained_defaults
+    with torch.no_grad():
+        torch.testing.assert_close(auto(input_ids=ids).logits, model(input_ids=ids).logits)
+        expected = model.diffusion_generate(ids, stop_at_eos=False)
+    assert torch.equal(auto.diffusion_generate(ids, stop_at_eos=False), expected)
+    # Merged and saved, it is a plain checkpoint with the same defaults and outputs.
+    auto.merge_and_unload().save_pretrained(tmp_path / "merged")
+    merged = AutoModelForDiffusionLM.from_pretrained(str(tmp_path / "merged")).eval()
+    assert type(merged).__name__ == "Qwen3ForCausalLM"
+    assert torch.equal(merged.diffusion_generate(ids, stop_at_eos=False), expected)
+
+    # The model card's snippet runs as written, with a chat template and without one.
+    monkeypatch.chdir(tmp_path)
+    for chat in (True, False):
+        if not chat:
+            trainer.processing_class = copy.deepcopy(tokenizer)
+            trainer.processing_class.chat_template = None
+        trainer.create_model_card()
+        card = (out / "README.md").read_text()
+        assert "LoRA adapter" in card and "merge_and_unload()" in card
+        snippet = card.split("```python\n")[1].split("```")[0]
+        assert ("apply_chat_template" in snippet) == chat
+        exec(compile(snippet, "README.md", "exec"), {})
 
 
 def test_resume_restores_the_reference_model(tokenizer, trajectories, tmp_path):

@@ -38,7 +38,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--num_prompts",
-        "--num-prompts",
         type=int,
         default=64,
         help="with --task: prompts to decode (default 64)",

@@ -20,9 +20,8 @@ import torch
 from ..data.hub import push_trajectories_to_hub
 from ..data.trajectories import _process_group, collect_trajectories, collection_summary
 from ..generation.configuration import DiffusionGenerationConfig
+from ..utils import DATA_FILE_BUILDERS, load_data_file
 from .parsing import parse_recipe
-
-_FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
 
 
 @dataclass
@@ -50,10 +49,13 @@ class CollectConfig(DiffusionGenerationConfig):
         batch_size: prompts decoded together.
         seed: collection seed.
         output_dir: where shards and the final dataset go (rerun to resume).
-        push_to_hub: push the dataset and its card to ``hub_repo_id`` when done.
-        hub_repo_id: target dataset repo.
-        hub_private: create the repo private.
+        push_to_hub: push the dataset and its card to ``hub_model_id`` when done.
+        hub_model_id: the Hub dataset repo to push to (named as ``TrainingArguments``' flag).
+        hub_private_repo: create that repo private.
     """
+
+    # Always set by the collection itself: no option, no recipe key.
+    cli_hidden = ("return_dict_in_generate", "output_history")
 
     # The parser takes one type per flag: a single EOS id here (the model's config can list several).
     eos_token_id: int | None = None
@@ -80,8 +82,8 @@ class CollectConfig(DiffusionGenerationConfig):
         default=None, metadata={"help": "where shards and the dataset are written"}
     )
     push_to_hub: bool = False
-    hub_repo_id: str | None = None
-    hub_private: bool = False
+    hub_model_id: str | None = None
+    hub_private_repo: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -90,8 +92,8 @@ class CollectConfig(DiffusionGenerationConfig):
         ]
         if missing:
             raise ValueError(f"collect needs {', '.join(missing)} (in the recipe or as flags)")
-        if self.push_to_hub and not self.hub_repo_id:
-            raise ValueError("push_to_hub=True needs hub_repo_id")
+        if self.push_to_hub and not self.hub_model_id:
+            raise ValueError("push_to_hub=True needs hub_model_id")
         if self.dtype != "auto" and not isinstance(getattr(torch, self.dtype, None), torch.dtype):
             raise ValueError(
                 f"dtype must be 'auto' or a torch dtype name such as 'bfloat16', got {self.dtype!r}"
@@ -107,11 +109,8 @@ class CollectConfig(DiffusionGenerationConfig):
 def load_source_dataset(name: str, config: str | None = None, split: str = "train") -> datasets.Dataset:
     """A Hub dataset (``datasets.load_dataset``), a local data file, or a local folder."""
     path = Path(name)
-    if path.is_file():
-        builder = _FILE_BUILDERS.get("".join(path.suffixes[-1:]).lower())
-        if builder is None:
-            raise ValueError(f"unsupported data file {name!r}: use one of {sorted(_FILE_BUILDERS)}")
-        return datasets.load_dataset(builder, data_files={split: str(path)}, split=split)
+    if path.is_file() or path.suffix.lower() in DATA_FILE_BUILDERS:  # a missing data file is no Hub repo
+        return load_data_file(path, split)
     if path.is_dir() and (path / "state.json").exists():
         return datasets.load_from_disk(str(path))
     return datasets.load_dataset(name, config, split=split)
@@ -147,7 +146,7 @@ def run(config: CollectConfig) -> datasets.Dataset:
     )
     if _process_group()[0] == 0:  # one line, not one per process
         if config.push_to_hub:
-            print(push_trajectories_to_hub(dataset, config.hub_repo_id, private=config.hub_private))
+            print(push_trajectories_to_hub(dataset, config.hub_model_id, private=config.hub_private_repo))
         print(collection_summary(config.output_dir))
     return dataset
 

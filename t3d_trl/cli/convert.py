@@ -19,7 +19,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("src", help="published checkpoint: local folder or Hub repo id")
     parser.add_argument("dst", help="new (or empty) folder for the converted checkpoint")
     parser.add_argument(
-        "--max-shard-size",
         "--max_shard_size",
         default=None,
         help="largest output shard, e.g. 5GB (default: the largest source shard)",
@@ -35,11 +34,8 @@ def main(argv: list[str]) -> int:
 
     from ..models.convert import convert_checkpoint
 
-    try:
-        dst = convert_checkpoint(
-            args.src, args.dst, max_shard_size=args.max_shard_size, dtype=args.dtype, revision=args.revision
-        )
-    except (ValueError, OSError) as err:
-        parser.error(str(err))
+    dst = convert_checkpoint(
+        args.src, args.dst, max_shard_size=args.max_shard_size, dtype=args.dtype, revision=args.revision
+    )
     print(f"converted {args.src} -> {dst}")
     return 0

@@ -5,12 +5,17 @@
         --block_lengths 4 8 --tokens_per_step 2 4 --limit 50
 
 Writes ``results.json``, ``table.md`` (the paper's Table 1 layout), ``samples/`` and plots to ``output_dir``,
-and prints the table. This is :func:`t3d_trl.evaluation.runner.run_grid` behind a recipe.
+and prints the table. Every model, benchmark, data file and setting is checked before the first generation; a
+rerun of the same command skips the runs already finished and merges ``results.json``. This is
+:func:`t3d_trl.evaluation.runner.run_grid` behind a recipe.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
+import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,7 +23,8 @@ from .parsing import parse_recipe
 
 _DESCRIPTION = (
     "Evaluate models side by side over benchmarks and decoding budgets (block lengths x tokens per step, "
-    "dynamic thresholds); writes results.json, table.md, samples/ and plots to output_dir."
+    "dynamic thresholds); writes results.json, table.md, samples/ and plots to output_dir. Rerunning the same "
+    "command skips the runs already in output_dir/results.json and merges the new ones into it."
 )
 
 
@@ -34,7 +40,14 @@ class EvalConfig:
     )
     benchmarks: list[str] = field(
         default_factory=lambda: ["math500", "gsm8k", "mbpp", "humaneval"],
-        metadata={"help": "registered benchmark names"},
+        metadata={"help": "registered benchmark names (see --benchmark_modules for your own)"},
+    )
+    benchmark_modules: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "Python modules (importable names or .py files) that call register_benchmark; "
+            "imported first, so that --benchmarks can name what they register"
+        },
     )
     data_files: list[str] = field(
         default_factory=list,
@@ -113,8 +126,28 @@ def _pairs(items: list[str], what: str, default_name=None) -> dict[str, str]:
     return pairs
 
 
+def import_benchmark_module(name: str) -> None:
+    """Import a module by name, or a ``.py`` file by path, for the benchmarks it registers."""
+    if name.endswith(".py") or os.sep in name:
+        path = Path(name)
+        if not path.is_file():
+            raise FileNotFoundError(f"benchmark_modules: {name!r} is not a file")
+        spec = importlib.util.spec_from_file_location(f"t3d_trl_user_benchmarks.{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return
+    if os.getcwd() not in sys.path:  # as `python -m` does: a module next to the recipe imports by name
+        sys.path.insert(0, os.getcwd())
+    try:
+        importlib.import_module(name)
+    except ImportError as err:
+        raise ValueError(f"benchmark_modules: cannot import {name!r} ({err})") from err
+
+
 def main(argv: list[str]) -> int:
     (config,) = parse_recipe([EvalConfig], argv, prog="t3d-trl eval", description=_DESCRIPTION)
+    for module in config.benchmark_modules:
+        import_benchmark_module(module)
     from ..evaluation.report import accuracy_table
     from ..evaluation.runner import run_grid
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from transformers.hf_argparser import string_to_bool
+
 from ..generation.configuration import DYNAMIC_RULES, REMASKING
 
 # Decoding flags: DiffusionGenerationConfig field -> (type, help).
@@ -38,10 +40,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--template", default="plain", help="math, code, plain (the default) or a pattern with {problem}"
     )
     parser.add_argument(
-        "--chat",
-        action=argparse.BooleanOptionalAction,
+        "--use_chat_template",
+        type=string_to_bool,
+        nargs="?",
+        const=True,
         default=True,
-        help="wrap the prompt in the chat template",
+        metavar="{true,false}",
+        help="wrap the prompt in the chat template (default: true)",
+    )
+    parser.add_argument(
+        "--no_use_chat_template",
+        dest="use_chat_template",
+        action="store_false",
+        help="the prompt as it is, without the chat template",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the sampling generator")
     parser.add_argument("--dtype", default="auto", help="auto, bfloat16, float16 or float32")
@@ -72,15 +83,18 @@ def main(argv: list[str]) -> int:
     from ..data.prompts import format_user_message
     from ..evaluation.runner import generate_completions, load_model
 
-    try:
-        message = format_user_message(args.template, {"problem": prompt})
-        model, tokenizer = load_model(args.model, args.dtype, args.device)
-        config = model.diffusion_generation_config.update(**overrides)
-    except (KeyError, ValueError) as err:
-        parser.error(str(err))
+    message = format_user_message(args.template, {"problem": prompt})
+    model, tokenizer = load_model(args.model, args.dtype, args.device)
+    config = model.diffusion_generation_config.update(**overrides)
     generator = torch.Generator(device=next(model.parameters()).device).manual_seed(args.seed)
     out = generate_completions(
-        model, tokenizer, [message], config, use_chat_template=args.chat, generator=generator, progress=False
+        model,
+        tokenizer,
+        [message],
+        config,
+        use_chat_template=args.use_chat_template,
+        generator=generator,
+        progress=False,
     )
     print(out.completions[0])
     if args.verbose:

@@ -3,16 +3,25 @@
 Each command lives in its own module of this package and exposes ``main(argv) -> int``; its one-line help
 is registered in :data:`COMMANDS`. Commands that read recipes parse them TRL-style (``--config recipe.yaml``: YAML values become
 defaults, command-line flags override them, unknown keys fail); see :func:`t3d_trl.cli.parsing.parse_recipe`.
-A :class:`~t3d_trl.cli.parsing.RecipeError` a command raises is printed here as ``t3d-trl <command>: <message>``
-with exit status 2.
+Expected errors, the ``ValueError`` (bad input or settings, :class:`~t3d_trl.cli.parsing.RecipeError` included) and
+``FileNotFoundError`` (a missing file, folder or model) or ``FileExistsError`` (an output in the way) a command
+raises, are printed here as one line,
+``t3d-trl <command>: <message>``, with exit status 2; ``--debug`` (anywhere on the command line) or
+``T3D_TRL_DEBUG=1`` prints their traceback too. Anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
+import traceback
 
-from .parsing import RecipeError
+from .parsing import RecipeError, snake_case_flags
+
+#: Errors a command raises on bad input: reported in one line, exit status 2 (see the module docstring).
+EXPECTED_ERRORS = (RecipeError, ValueError, FileNotFoundError, FileExistsError)
+DEBUG_ENV = "T3D_TRL_DEBUG"
 
 # command name -> (module under t3d_trl.cli, one-line help). Modules are imported only when their command runs.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -38,24 +47,37 @@ def _usage() -> str:
     lines = ["usage: t3d-trl <command> [options]", "", "commands:"]
     for name, (_, help_line) in COMMANDS.items():
         lines.append(f"  {name:<12} {help_line}")
-    lines += ["", "Run `t3d-trl <command> --help` for the options of a command."]
+    lines += [
+        "",
+        "Run `t3d-trl <command> --help` for the options of a command. Errors on bad input print one line;",
+        f"--debug (or {DEBUG_ENV}=1) prints their traceback too.",
+    ]
     return "\n".join(lines)
+
+
+def _one_line(err: BaseException) -> str:
+    # Some messages span lines (YAML, pyarrow): the report is one line.
+    return " ".join(str(err).split()) or type(err).__name__
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get(DEBUG_ENV, "").lower() in ("1", "true", "yes")
+    argv = [arg for arg in argv if arg != "--debug"]
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
         return 0 if argv else 2
-    command, rest = argv[0], argv[1:]
+    command, rest = argv[0], snake_case_flags(argv[1:])
     if command not in COMMANDS:
         print(f"t3d-trl: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     module = importlib.import_module(f"t3d_trl.cli.{COMMANDS[command][0]}")
     try:
         return int(module.main(rest) or 0)
-    except RecipeError as err:
-        print(f"t3d-trl {command}: {err}", file=sys.stderr)
+    except EXPECTED_ERRORS as err:
+        if debug:
+            traceback.print_exc()
+        print(f"t3d-trl {command}: {_one_line(err)}", file=sys.stderr)
         return 2
 
 

@@ -7,6 +7,7 @@ entry (``trajectory_metadata:``, what :func:`load_trajectories` reads back) and 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
@@ -154,6 +155,11 @@ def load_trajectories(
     path = Path(path_or_repo_id)
     card: str | os.PathLike | None = None
     if path.is_dir() and ((path / "state.json").exists() or (path / "dataset_dict.json").exists()):
+        if (path / "state.json").exists() and not json.loads((path / "state.json").read_text()).get(
+            "_data_files"
+        ):
+            # datasets cannot load a saved dataset of 0 rows (IndexError): say what it is.
+            raise ValueError(f"{path} holds an empty dataset (0 rows): there is nothing to load")
         dataset = datasets.load_from_disk(str(path))
         if isinstance(dataset, datasets.DatasetDict):
             if split not in dataset:

@@ -11,6 +11,8 @@ import string
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..utils import MissingKeyError
+
 MATH_PROMPT = (
     "{problem}. Please reason step by step, and put your final answer within \\boxed{{}}. "
     "You are a precise math problem solver. Solve the given math problem step by step."
@@ -44,7 +46,7 @@ def format_user_message(template: str, row: Mapping[str, Any]) -> str:
     pattern = resolve_template(template)
     missing = [name for name in template_fields(pattern) if name not in row]
     if missing:
-        raise KeyError(f"prompt template needs column(s) {missing}; the row has {sorted(row)}")
+        raise MissingKeyError(f"prompt template needs column(s) {missing}; the row has {sorted(row)}")
     return pattern.format(**row)
 
 

@@ -45,7 +45,7 @@ from tqdm.auto import tqdm
 from ..generation.configuration import DiffusionGenerationConfig
 from ..generation.sampler import eos_token_ids, left_pad
 from ..models.diffusion_config import require_diffusion_config
-from ..utils import check_process_count
+from ..utils import MissingKeyError, check_process_count
 from .prompts import encode_prompts, format_user_message
 from .schema import TRAJECTORY_COLUMNS, TrajectoryMetadata, row_problem
 
@@ -70,7 +70,7 @@ class PromptRow:
 def _user_message(row: Mapping[str, Any], template: str, prompt_column: str) -> str:
     # The template's {problem} field reads `prompt_column`, other fields read the columns of their name.
     if prompt_column not in row:
-        raise KeyError(
+        raise MissingKeyError(
             f"prompt_column {prompt_column!r} is not a column of the dataset; it has {sorted(row)}"
         )
     return format_user_message(template, {**row, "problem": row[prompt_column]})
@@ -304,7 +304,12 @@ def _check_manifest(output_dir: Path, manifest: dict[str, Any], is_main: bool, b
         if not path.exists():
             path.write_text(json.dumps(manifest, indent=2))
     barrier()
-    saved = json.loads(path.read_text())
+    try:
+        saved = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(
+            f"{path} is not valid JSON ({err}): delete {output_dir} to start the collection over"
+        ) from err
     # A newer package version may resume an older collection; everything else must match.
     saved.pop(SUMMARY_KEY, None)  # the counts of an earlier merge are not a setting
     saved["metadata"].pop("t3d_trl_version", None)
@@ -658,6 +663,12 @@ def merge_shards(
     )
     position = {p.id: p.index for batch in batches for p in batch}
     ids = table.column("id").to_pylist()
+    foreign = sorted(set(ids) - position.keys())
+    if foreign:
+        raise ValueError(
+            f"the shards in {output_dir / SHARD_DIR} hold ids that are not prompts of this collection "
+            f"({foreign[:5]}): they come from another collection; delete {output_dir} to start over"
+        )
     order = sorted(range(table.num_rows), key=lambda r: position[ids[r]])
     dataset = datasets.Dataset(table.take(pa.array(order)), info=datasets.DatasetInfo(features=features))
     metadata.attach(dataset)

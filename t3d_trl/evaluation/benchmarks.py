@@ -25,10 +25,10 @@ import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 from ..data.prompts import format_user_message
+from ..utils import MissingKeyError, load_data_file
 from .math_checker import check_math
 from .sandbox import CODE_EXTRACTION_RULES, CodeExtraction, check_codes, completion_code
 
@@ -50,8 +50,6 @@ __all__ = [
 Example = dict[str, Any]
 #: ``checker(completions, examples) -> one bool per completion`` (batched so that code runs in parallel).
 Checker = Callable[[Sequence[str], Sequence[Mapping[str, Any]]], list[bool]]
-
-_FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
 # ------------------------------------------------------------------------------------------------ checkers
@@ -122,17 +120,8 @@ def humaneval_checker(
 
 # ------------------------------------------------------------------------------------------------ loading
 def load_rows(path: str | os.PathLike, limit: int | None = None) -> list[dict[str, Any]]:
-    """Rows of a local ``.json``/``.jsonl``/``.parquet``/``.csv`` file, read with :func:`datasets.load_dataset`."""
-    import datasets
-
-    path = Path(path)
-    builder = _FILE_BUILDERS.get(path.suffix.lower())
-    if builder is None:
-        raise ValueError(f"cannot read {str(path)!r}: expected one of {sorted(_FILE_BUILDERS)} files")
-    if not path.is_file():
-        raise FileNotFoundError(f"benchmark data file {str(path)!r} does not exist")
-    dataset = datasets.load_dataset(builder, data_files=str(path), split="train")
-    return _head(dataset, limit)
+    """Rows of a local ``.json``/``.jsonl``/``.parquet``/``.csv`` file (:func:`t3d_trl.utils.load_data_file`)."""
+    return _head(load_data_file(path), limit)
 
 
 def _head(dataset: Any, limit: int | None) -> list[dict[str, Any]]:
@@ -236,7 +225,7 @@ class Benchmark:
         fields = {name: column for name, column in self.columns.items() if name != "id" or column in row}
         missing = [column for column in fields.values() if column not in row]
         if missing:
-            raise KeyError(f"benchmark {self.name!r} needs column(s) {missing}; the data has {sorted(row)}")
+            raise ValueError(f"benchmark {self.name!r} needs column(s) {missing}; the data has {sorted(row)}")
         example = dict(row)
         example.update({name: row[column] for name, column in fields.items()})
         example["id"] = str(example["id"]) if "id" in fields else str(index)
@@ -269,7 +258,11 @@ def _key(name: str) -> str:
 
 
 def register_benchmark(name: str, benchmark: Benchmark, *, overwrite: bool = False) -> Benchmark:
-    """Make ``benchmark`` available by ``name`` (case, ``-`` and ``_`` are ignored) to the runner and the CLI."""
+    """Make ``benchmark`` available by ``name`` (case, ``-`` and ``_`` are ignored) to the runner.
+
+    The registry lives in the running process: for ``t3d-trl eval``, put this call in a module and name it with
+    ``--benchmark_modules`` (a ``.py`` file or an importable module), which the command imports first.
+    """
     if not isinstance(benchmark, Benchmark):
         raise TypeError(f"expected a Benchmark, got {type(benchmark).__name__}")
     key = _key(name)
@@ -289,7 +282,9 @@ def get_benchmark(name: str | Benchmark) -> Benchmark:
         return name
     benchmark = BENCHMARKS.get(_key(name))
     if benchmark is None:
-        raise KeyError(f"unknown benchmark {name!r}; registered: {list_benchmarks()}")
+        raise MissingKeyError(
+            f"unknown benchmark {name!r}; registered: {list_benchmarks()} (your own: --benchmark_modules)"
+        )
     return benchmark
 
 

@@ -27,6 +27,7 @@ import gc
 import json
 import logging
 import math
+import os
 import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -185,6 +186,7 @@ class SampleRecord:
     nfe: int
     finished: bool
     latency: float
+    error: str | None = None  # the checker raised on this sample (then ``correct`` is False)
 
 
 @dataclass
@@ -242,6 +244,43 @@ def _pass_k(num_samples: int, pass_k: Sequence[int] | None) -> list[int]:
     if bad:
         raise ValueError(f"pass@k needs 1 <= k <= num_samples={num_samples}, got k={bad}")
     return sorted(set(pass_k))
+
+
+def check_safely(
+    benchmark: Benchmark, completions: Sequence[str], examples: Sequence[Mapping[str, Any]]
+) -> tuple[list[bool], list[str | None]]:
+    """``benchmark.check``, where a checker that raises fails only the samples it raises on.
+
+    The batched call comes first; if it raises, each sample is checked alone, and one that still raises is
+    judged incorrect with the error kept (``ExceptionType: message``), so that one bad item does not throw
+    away the run. Returns the verdicts and the errors (``None`` where there was none).
+    """
+    try:
+        return benchmark.check(completions, examples), [None] * len(completions)
+    except Exception as err:  # noqa: BLE001 - a user's checker may raise anything; it is reported per sample
+        logger.warning(
+            "checker of %s raised (%r); checking its %d samples one by one",
+            benchmark.name,
+            err,
+            len(completions),
+        )
+    correct: list[bool] = []
+    errors: list[str | None] = []
+    for completion, example in zip(completions, examples):
+        try:
+            correct.append(benchmark.check([completion], [example])[0])
+            errors.append(None)
+        except Exception as err:  # noqa: BLE001
+            correct.append(False)
+            errors.append(f"{type(err).__name__}: {err}")
+    failed = sum(e is not None for e in errors)
+    if failed:
+        logger.warning(
+            "checker of %s raised on %d samples: judged incorrect, errors kept in the samples",
+            benchmark.name,
+            failed,
+        )
+    return correct, errors
 
 
 def evaluate_model(
@@ -329,7 +368,7 @@ def evaluate_model(
             progress=progress,
             desc=f"{benchmark.name} seed {seed}",
         )
-        correct = benchmark.check(out.completions, [example for example, _ in items])
+        correct, errors = check_safely(benchmark, out.completions, [example for example, _ in items])
         run = [
             SampleRecord(
                 id=str(example["id"]),
@@ -342,6 +381,7 @@ def evaluate_model(
                 nfe=out.nfe[i],
                 finished=out.finished[i],
                 latency=out.latency[i],
+                error=errors[i],
             )
             for i, (example, s) in enumerate(items)
         ]
@@ -420,21 +460,28 @@ def grid_settings(
 
 
 def load_model(path: str, dtype: str = "auto", device: str | None = None) -> tuple[torch.nn.Module, Any]:
-    """Load a checkpoint (local folder or Hub repo) as a diffusion LM, with its tokenizer, for evaluation.
+    """Load a checkpoint (local folder, Hub repo, or a ``peft`` adapter of one) as a diffusion LM, with its tokenizer.
 
     ``dtype``: ``"auto"`` (the checkpoint's), ``"bfloat16"``, ``"float16"`` or ``"float32"``. ``device``:
     default ``"cuda"`` when available, else ``"cpu"``.
     """
     from transformers import AutoTokenizer
 
-    from ..models.auto import AutoModelForDiffusionLM
+    from ..models.auto import AutoModelForDiffusionLM, adapter_base_model, check_model_source
 
     if dtype != "auto" and not isinstance(getattr(torch, dtype, None), torch.dtype):
         raise ValueError(f"dtype must be 'auto' or a torch dtype name such as 'bfloat16', got {dtype!r}")
     torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    check_model_source(path)
     model = AutoModelForDiffusionLM.from_pretrained(path, dtype=torch_dtype).to(device).eval()
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError):
+        base = adapter_base_model(path)  # an adapter saved without its tokenizer uses its base model's
+        if base is None:
+            raise
+        tokenizer = AutoTokenizer.from_pretrained(base)
     return model, tokenizer
 
 
@@ -474,6 +521,86 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "model"
 
 
+def _check_run_settings(
+    models: Mapping[str, Any],
+    settings: Sequence[DecodingSetting],
+    generation_kwargs: Mapping[str, Any],
+    limit: int | None,
+    batch_size: int,
+    seeds: Sequence[int],
+    num_samples: int,
+    tokenizer: Any,
+) -> None:
+    """Everything :func:`run_grid` can check before the first generation (one error, naming the value)."""
+    from ..models.auto import adapter_base_model, check_model_source
+
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be a positive number of problems, got {limit}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    if not list(seeds):
+        raise ValueError("seeds must hold at least one seed")
+    if num_samples < 1:
+        raise ValueError(f"num_samples must be positive, got {num_samples}")
+    for setting in settings:  # over the class defaults: each model's own defaults are checked when it loads
+        try:
+            config = DiffusionGenerationConfig().update(**{**generation_kwargs, **setting.overrides()})
+            if "max_new_tokens" in generation_kwargs:  # else each model's saved length decides
+                config.resolve(None)
+        except (TypeError, ValueError) as err:
+            raise ValueError(
+                f"decoding setting {setting.label} with {dict(generation_kwargs)}: {err}"
+            ) from err
+    for name, spec in models.items():
+        if isinstance(spec, str):
+            try:
+                check_model_source(spec)
+                base = adapter_base_model(spec)
+                if base is not None:
+                    check_model_source(base)
+            except FileNotFoundError as err:
+                raise FileNotFoundError(f"model {name!r}: {err}") from err
+        elif not isinstance(spec, tuple) and tokenizer is None:
+            raise ValueError(f"model {name!r} was given as an object without a tokenizer: pass tokenizer=...")
+
+
+def _entry_id(entry: Mapping[str, Any]) -> tuple[str, str, str]:
+    return entry["model"], entry["benchmark"], entry["setting"]["label"]
+
+
+def _read_results(output: Path) -> GridResult | None:
+    path = output / "results.json"
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+        return GridResult(settings=data["settings"], results=list(data["results"]))
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise ValueError(
+            f"{path} is not a results file of t3d-trl eval ({err}); move it away or use another output_dir"
+        ) from err
+
+
+def _write_results(output: Path, grid: GridResult) -> None:
+    # Written beside, then moved into place: a crash mid-write never leaves a truncated results.json.
+    output.mkdir(parents=True, exist_ok=True)
+    tmp = output / ".results.json.tmp"
+    tmp.write_text(json.dumps(grid.to_dict(), indent=2))
+    os.replace(tmp, output / "results.json")
+
+
+def _merge_settings(earlier: GridResult, current: GridResult) -> GridResult:
+    """Earlier results kept, the grid description the union of both (models, benchmarks, decoding)."""
+    old, new = earlier.settings, current.settings
+    merged = dict(new)
+    merged["models"] = {**old.get("models", {}), **new["models"]}
+    merged["benchmarks"] = list(dict.fromkeys([*old.get("benchmarks", []), *new["benchmarks"]]))
+    labels = {d["label"] for d in new["decoding"]}
+    merged["decoding"] = [d for d in old.get("decoding", []) if d["label"] not in labels] + new["decoding"]
+    merged["data_files"] = {**old.get("data_files", {}), **new["data_files"]}
+    return GridResult(settings=merged, results=list(earlier.results))
+
+
 def run_grid(
     models: Mapping[str, str | torch.nn.Module | tuple[torch.nn.Module, Any]],
     benchmarks: Sequence[str | Benchmark],
@@ -511,8 +638,13 @@ def run_grid(
         dtype, device: how checkpoints given as paths are loaded (:func:`load_model`).
         output_dir: when given, ``results.json`` (rewritten after every run), ``samples/`` (per-sample
             records), ``table.md`` and the plots are written there (:func:`t3d_trl.evaluation.report.write_report`).
+            A rerun into the same folder keeps every result already there: a run of the grid whose model
+            path, benchmark, decoding setting and run settings (data file, limit, seeds, samples, generation
+            settings, chat template, dtype) match a finished one is skipped (and logged); others replace it.
         progress: show progress bars.
         code_extraction: see :func:`evaluate_model`.
+
+    Every model path, benchmark, data file and setting is checked before the first generation.
     """
     if not models:
         raise ValueError("models must name at least one model")
@@ -521,7 +653,15 @@ def run_grid(
     if not benchmarks:
         raise ValueError("benchmarks must name at least one benchmark")
     data_files = {get_benchmark(name).name: path for name, path in (data_files or {}).items()}
+    unused = sorted(set(data_files) - {b.name for b in benchmarks})
+    if unused:  # a recipe may list every local copy and a run evaluate a few: not an error
+        logger.warning("data_files of benchmark(s) %s are not used: they are not evaluated", unused)
     generation_kwargs = dict(generation_kwargs or {})
+    _check_run_settings(models, settings, generation_kwargs, limit, batch_size, seeds, num_samples, tokenizer)
+    examples = {b.name: b.load(data_files.get(b.name), limit) for b in benchmarks}
+    for benchmark in benchmarks:  # every prompt can be built (a template may name a column the data lacks)
+        for example in examples[benchmark.name]:
+            benchmark.user_message(example)
     output = Path(output_dir) if output_dir is not None else None
     grid = GridResult(
         settings={
@@ -542,54 +682,90 @@ def run_grid(
         },
         results=[],
     )
-    examples = {b.name: b.load(data_files.get(b.name), limit) for b in benchmarks}
-    bar = tqdm(
-        total=len(models) * len(benchmarks) * len(settings), desc="grid", unit="run", disable=not progress
-    )
+    # A rerun into the same output_dir keeps every earlier result and skips the runs it already finished.
+    earlier = _read_results(output) if output is not None else None
+    if earlier is not None:
+        grid = _merge_settings(earlier, grid)
+
+    def run_key(
+        name: str, spec: Any, benchmark: Benchmark, setting: DecodingSetting
+    ) -> dict[str, Any] | None:
+        if not isinstance(spec, str):
+            return None  # an object cannot be recognised again: always evaluated
+        return {
+            "model": spec,
+            "benchmark": benchmark.name,
+            "setting": setting.label,
+            "data_file": str(data_files[benchmark.name]) if benchmark.name in data_files else None,
+            **{k: grid.settings[k] for k in ("generation_kwargs", "limit", "seeds", "num_samples")},
+            **{k: grid.settings[k] for k in ("use_chat_template", "dtype")},
+        }
+
+    def finished(name: str, key: dict[str, Any] | None) -> bool:
+        return key is not None and any(
+            entry["model"] == name and entry.get("run_key") == key for entry in grid.results
+        )
+
+    todo = {
+        name: [
+            (benchmark, setting)
+            for benchmark in benchmarks
+            for setting in settings
+            if not finished(name, run_key(name, spec, benchmark, setting))
+        ]
+        for name, spec in models.items()
+    }
+    skipped = len(models) * len(benchmarks) * len(settings) - sum(len(runs) for runs in todo.values())
+    if skipped:
+        logger.info("skipping %d run(s) already finished in %s", skipped, output / "results.json")
+    bar = tqdm(total=sum(len(runs) for runs in todo.values()), desc="grid", unit="run", disable=not progress)
     for name, spec in models.items():
+        if not todo[name]:
+            continue
         if isinstance(spec, str):
             model, model_tokenizer = load_model(spec, dtype, device)
         elif isinstance(spec, tuple):
             model, model_tokenizer = spec
         else:
             model, model_tokenizer = spec, tokenizer
-        if model_tokenizer is None:
-            raise ValueError(f"model {name!r} was given as an object without a tokenizer: pass tokenizer=...")
         base = model.diffusion_generation_config.update(**generation_kwargs)
         warmup = True  # once per model
-        for benchmark in benchmarks:
-            for setting in settings:
-                bar.set_postfix_str(f"{name} / {benchmark.name} / {setting.label}")
-                result = evaluate_model(
-                    model,
-                    model_tokenizer,
-                    benchmark,
-                    base.update(**setting.overrides()),
-                    examples=examples[benchmark.name],
-                    batch_size=batch_size,
-                    seeds=seeds,
-                    num_samples=num_samples,
-                    use_chat_template=use_chat_template,
-                    warmup=warmup,
-                    progress=progress,
-                )
-                warmup = False
-                samples_file = None
-                if output is not None:
-                    samples_file = f"samples/{_safe(name)}/{_safe(benchmark.name)}/{setting.label}.jsonl"
-                    _write_jsonl(output / samples_file, (asdict(record) for record in result.records))
-                grid.results.append(
-                    {
-                        "model": name,
-                        "benchmark": benchmark.name,
-                        "setting": {**asdict(setting), "label": setting.label},
-                        **result.to_dict(records=False),
-                        "samples_file": samples_file,
-                    }
-                )
-                if output is not None:
-                    (output / "results.json").write_text(json.dumps(grid.to_dict(), indent=2))
-                bar.update()
+        for benchmark, setting in todo[name]:
+            bar.set_postfix_str(f"{name} / {benchmark.name} / {setting.label}")
+            result = evaluate_model(
+                model,
+                model_tokenizer,
+                benchmark,
+                base.update(**setting.overrides()),
+                examples=examples[benchmark.name],
+                batch_size=batch_size,
+                seeds=seeds,
+                num_samples=num_samples,
+                use_chat_template=use_chat_template,
+                warmup=warmup,
+                progress=progress,
+            )
+            warmup = False
+            samples_file = None
+            if output is not None:
+                samples_file = f"samples/{_safe(name)}/{_safe(benchmark.name)}/{setting.label}.jsonl"
+                _write_jsonl(output / samples_file, (asdict(record) for record in result.records))
+            entry = {
+                "model": name,
+                "benchmark": benchmark.name,
+                "setting": {**asdict(setting), "label": setting.label},
+                **result.to_dict(records=False),
+                "samples_file": samples_file,
+                "run_key": run_key(name, spec, benchmark, setting),
+            }
+            same = [i for i, e in enumerate(grid.results) if _entry_id(e) == _entry_id(entry)]
+            if same:  # the same run with other settings: replaced where it stood (the table keeps its order)
+                grid.results[same[0]] = entry
+            else:
+                grid.results.append(entry)
+            if output is not None:
+                _write_results(output, grid)
+            bar.update()
         if isinstance(spec, str):  # loaded here: release it before the next one
             del model
             gc.collect()
@@ -599,5 +775,6 @@ def run_grid(
     if output is not None:
         from .report import write_report
 
+        _write_results(output, grid)
         write_report(grid.results, output)
     return grid

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 from functools import cache
 from typing import Any
 
@@ -16,9 +18,11 @@ from transformers import (
 )
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
+from ..generation.configuration import CONFIG_KEY as GENERATION_KEY
 from ..generation.configuration import DiffusionGenerationConfig
 from ..generation.mixin import DiffusionGenerationMixin
 from .convert import locate_weights
+from .diffusion_config import CONFIG_KEY as DIFFUSION_KEY
 from .diffusion_config import DiffusionConfig
 from .families import FAMILIES, ModelFamily, get_family
 from .families.base import CONFIG_FILE, GENERATION_CONFIG_FILE, read_json
@@ -26,6 +30,11 @@ from .forward import unwrap_model
 
 # Keyword arguments of ``from_pretrained`` that also apply to loading a config or a tokenizer.
 _HUB_KWARGS = ("revision", "token", "cache_dir", "local_files_only", "trust_remote_code", "subfolder")
+# Keyword arguments that say where one checkpoint lives: an adapter's, not its base model's.
+_LOCATION_KWARGS = ("revision", "subfolder")
+ADAPTER_CONFIG_FILE = "adapter_config.json"  # peft's
+#: An adapter folder has no ``config.json``: the trained decoding defaults and diffusion description go here.
+ADAPTER_DEFAULTS_FILE = "diffusion_config.json"
 
 
 @cache
@@ -64,6 +73,97 @@ def add_diffusion_generation(
     if not isinstance(inner, DiffusionGenerationMixin):
         inner.__class__ = _with_mixin(type(inner))
     return model
+
+
+def check_model_source(name_or_path: str, **hub_kwargs: Any) -> None:
+    """Fail at once, naming the path, when ``name_or_path`` cannot be a checkpoint, before anything loads.
+
+    A local folder must hold a ``config.json`` (a model) or an ``adapter_config.json`` (a ``peft`` adapter).
+    Anything else must be a Hub repo id, and offline (``HF_HUB_OFFLINE=1`` or ``local_files_only``) one in the
+    local cache: otherwise transformers reports a missing folder as a failed connection to the Hub.
+
+    Raises:
+        FileNotFoundError: naming the folder or repo id and what is missing.
+    """
+    if os.path.isdir(name_or_path):
+        folder = os.path.join(name_or_path, hub_kwargs.get("subfolder") or "")
+        if not any(os.path.isfile(os.path.join(folder, f)) for f in (CONFIG_FILE, ADAPTER_CONFIG_FILE)):
+            raise FileNotFoundError(
+                f"{name_or_path} has no {CONFIG_FILE} (nor a peft {ADAPTER_CONFIG_FILE}): not a model checkpoint"
+            )
+        return
+    from huggingface_hub import constants, try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(name_or_path)
+    except HFValidationError as err:
+        raise FileNotFoundError(f"model {name_or_path!r}: no such folder (nor a valid Hub repo id)") from err
+    if constants.HF_HUB_OFFLINE or hub_kwargs.get("local_files_only"):
+        subfolder = hub_kwargs.get("subfolder")
+        cached = [
+            try_to_load_from_cache(
+                name_or_path,
+                f"{subfolder}/{name}" if subfolder else name,
+                cache_dir=hub_kwargs.get("cache_dir"),
+                revision=hub_kwargs.get("revision"),
+            )
+            for name in (CONFIG_FILE, ADAPTER_CONFIG_FILE)
+        ]
+        if not any(isinstance(path, str) for path in cached):
+            raise FileNotFoundError(
+                f"model {name_or_path!r}: no such folder, and offline (HF_HUB_OFFLINE=1) the Hub repo "
+                f"{name_or_path!r} is not in the local cache"
+            )
+
+
+def adapter_base_model(name_or_path: str, **hub_kwargs: Any) -> str | None:
+    """The base model a ``peft`` adapter folder or repo names (``base_model_name_or_path``); ``None`` for a model."""
+    adapter = read_json(name_or_path, ADAPTER_CONFIG_FILE, hub_kwargs, required=False)
+    if adapter is None:
+        return None
+    base = adapter.get("base_model_name_or_path")
+    if not base:
+        raise ValueError(f"{name_or_path}: {ADAPTER_CONFIG_FILE} names no base_model_name_or_path")
+    return base
+
+
+def save_adapter_defaults(model: torch.nn.Module, folder: str | os.PathLike) -> None:
+    """Write the diffusion description and decoding defaults of an adapter's model next to the adapter."""
+    config = unwrap_model(model).config
+    # Both are stored as plain dicts (``save_to_model_config``), the way config.json holds them.
+    data = {key: getattr(config, key) for key in (DIFFUSION_KEY, GENERATION_KEY) if hasattr(config, key)}
+    with open(os.path.join(folder, ADAPTER_DEFAULTS_FILE), "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2)
+
+
+def _load_adapter(
+    cls: type,
+    name_or_path: str,
+    base: str,
+    diffusion_config: DiffusionConfig | dict | None,
+    generation_config: DiffusionGenerationConfig | dict | None,
+    use_remote_code: bool,
+    hf_kwargs: dict[str, Any],
+) -> torch.nn.Module:
+    """Base model, then the adapter on it (peft's convention), with the decoding defaults saved with the adapter."""
+    from peft import PeftModel
+
+    hub_kwargs = {k: hf_kwargs[k] for k in _HUB_KWARGS if k in hf_kwargs}
+    saved = read_json(name_or_path, ADAPTER_DEFAULTS_FILE, hub_kwargs, required=False) or {}
+    base_kwargs = {k: v for k, v in hf_kwargs.items() if k not in _LOCATION_KWARGS}
+    model = cls.from_pretrained(
+        base,
+        diffusion_config=diffusion_config or saved.get(DIFFUSION_KEY),
+        generation_config=generation_config or saved.get(GENERATION_KEY),
+        use_remote_code=use_remote_code,
+        **base_kwargs,
+    )
+    adapter_kwargs = {
+        k: hub_kwargs[k] for k in ("revision", "subfolder", "token", "cache_dir") if k in hub_kwargs
+    }
+    return PeftModel.from_pretrained(model, name_or_path, **adapter_kwargs)
 
 
 def _infer_diffusion_config(name_or_path: str, config: Any, hub_kwargs: dict[str, Any]) -> DiffusionConfig:
@@ -156,6 +256,11 @@ class AutoModelForDiffusionLM:
         native ``LlamaForCausalLM``, ``Qwen3ForCausalLM`` and ``Qwen2ForCausalLM`` without remote code, with the
         family's diffusion description and reference decoding defaults (see ``docs/families.md``).
 
+        A ``peft`` adapter (a folder or repo with ``adapter_config.json``, as ``t3d-trl train --use_peft``
+        writes) loads as peft does: its ``base_model_name_or_path`` first, then the adapter on it, returned as a
+        ``PeftModel`` with ``diffusion_generate`` and the decoding defaults the adapter was trained for.
+        ``model.merge_and_unload()`` folds the adapter in and returns a plain model to ``save_pretrained``.
+
         Args:
             pretrained_model_name_or_path: anything ``transformers`` can load, or a published family checkpoint.
             diffusion_config: overrides the description stored in the checkpoint. Needed for decoders that
@@ -170,6 +275,18 @@ class AutoModelForDiffusionLM:
         if use_remote_code and not trust_remote_code:
             raise ValueError(
                 "use_remote_code=True runs the checkpoint's own modeling code: pass trust_remote_code=True too"
+            )
+        check_model_source(pretrained_model_name_or_path, **hub_kwargs)
+        base = adapter_base_model(pretrained_model_name_or_path, **hub_kwargs)
+        if base is not None:
+            return _load_adapter(
+                cls,
+                pretrained_model_name_or_path,
+                base,
+                diffusion_config,
+                generation_config,
+                use_remote_code,
+                hf_kwargs,
             )
         raw = read_json(pretrained_model_name_or_path, CONFIG_FILE, hub_kwargs, required=False) or {}
         family = get_family(raw.get("model_type"))

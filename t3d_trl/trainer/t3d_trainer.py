@@ -31,7 +31,7 @@ from trl.trainer.utils import disable_dropout_in_model, get_config_model_id, use
 from ..data.collator import DataCollatorForDiffusion, diffusion_attention_mask
 from ..data.schema import TrajectoryMetadata
 from ..generation.configuration import DiffusionGenerationConfig
-from ..models.auto import AutoModelForDiffusionLM
+from ..models.auto import AutoModelForDiffusionLM, save_adapter_defaults
 from ..models.diffusion_config import require_diffusion_config
 from ..models.forward import accepts_4d_mask, diffusion_forward, unwrap_model
 from ..utils import check_process_count
@@ -816,6 +816,11 @@ class T3DTrainer(_BaseTrainer):
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
         with self._without_reference_adapter():
             super()._save(output_dir, state_dict)
+        model = self.accelerator.unwrap_model(self.model)
+        if is_peft_model(
+            model
+        ):  # an adapter has no config.json: keep the distilled decoding defaults with it
+            save_adapter_defaults(model, output_dir or self.args.output_dir)
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
         """:meth:`transformers.Trainer.train`, safe to rerun into the same ``output_dir``.
@@ -939,6 +944,7 @@ class T3DTrainer(_BaseTrainer):
             hub_model_id=self.hub_model_id or model_name or Path(self.args.output_dir).name,
             dataset_name=dataset_name,
             adapter=is_peft_model(self.accelerator.unwrap_model(self.model)),
+            chat_template=bool(getattr(self.processing_class, "chat_template", None)),
             distilled=self.args.loss_type != "mdlm",
             generation=generation,
             steps_per_block=generation.block_length // generation.tokens_per_step
