@@ -84,9 +84,10 @@ def test_collection_errors_name_the_collection(teacher, tmp_path, capsys):
     table = pq.read_table(shard)
     foreign = table.set_column(table.column_names.index("id"), "id", [["zzz"] * table.num_rows])
     pq.write_table(foreign, shard)
-    assert main(collect_argv(teacher, str(data), str(out))) == 2  # was KeyError: 'zzz'
-    line = one_line_error(capsys, "collect")
-    assert "not prompts of this collection" in line and "zzz" in line and str(out / "shards") in line
+    # Was KeyError: 'zzz'. A shard holding another collection's rows is named and decoded again.
+    assert main(collect_argv(teacher, str(data), str(out))) == 0
+    assert pq.read_table(shard).column("id").to_pylist() != ["zzz"] * table.num_rows
+    capsys.readouterr()
 
     (out / "collection.json").write_text('{"metadata": ')
     assert main(collect_argv(teacher, str(data), str(out))) == 2  # was a JSONDecodeError without a path
