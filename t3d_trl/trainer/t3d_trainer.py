@@ -242,6 +242,15 @@ class T3DTrainer(_BaseTrainer):
         self.ref_model = None
         if self._needs_reference and not self._ref_adapter:
             self.ref_model = self._build_reference()
+        # The frozen teacher that labels student states: the initial student (self-distillation), never refreshed.
+        self.teacher_model = None
+        if args.student_state_ratio > 0:
+            if is_peft_model(self.model):
+                raise ValueError("student_state_ratio > 0 is not supported with PEFT adapters yet")
+            self.teacher_model = self._build_reference()
+            sources, _ = self._reference_pairs()
+            teacher = list(self.accelerator.unwrap_model(self.teacher_model).parameters())
+            _copy_parameters(sources, teacher, zero3=self._zero3)
         self._ref_synced_at: int | None = None
         if self._needs_reference:
             self.sync_reference()  # round 0: the reference is the initial student (a resume loads its own)
@@ -563,8 +572,63 @@ class T3DTrainer(_BaseTrainer):
             counts = self.accelerator.reduce(counts, reduction="sum")
         return counts
 
+    @torch.no_grad()
+    def student_states(
+        self, model: torch.nn.Module, inputs: dict[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        """Move a share ``student_state_ratio`` of the rows one parallel step of the student off the teacher's
+        trajectory, and relabel them with the frozen teacher (see ``T3DConfig.student_state_ratio``).
+
+        In each block of a selected row that is being decoded (block-causal: every noisy block; bidirectional: the
+        first block holding a mask), the student commits its ``tokens_per_step`` most confident masked tokens
+        (greedy, as ``diffusion_generate`` does), provided at least one mask is left after it. The committed
+        positions leave the loss; the targets of the masked ones become the teacher's argmax at the new state.
+        Rows are chosen by a generator keyed on ``(seed, global_step)``, so a resumed run draws the same rows.
+        """
+        generator = torch.Generator().manual_seed(self.args.seed * 1_000_003 + self.state.global_step)
+        chosen = torch.rand(inputs["input_ids"].shape[0], generator=generator) < self.args.student_state_ratio
+        chosen = chosen.to(inputs["loss_mask"].device)
+        if not chosen.any():
+            return inputs
+        batch = {k: v if k == "keep" else v[chosen] for k, v in inputs.items()}
+        loss_mask, keep = batch["loss_mask"], batch["keep"]
+        logits = self._logits(model, batch).float()
+        confidence, proposal = logits.softmax(-1).max(-1)
+        if self.diffusion.is_block_causal:
+            block = batch["position_ids"][:, keep] // self.block_length
+        else:  # blocks start at the completion (the first kept column); later blocks wait for the current one
+            block = torch.arange(keep.numel(), device=keep.device).expand_as(loss_mask) // self.block_length
+            first = torch.where(loss_mask, block, torch.full_like(block, block.max() + 1)).min(
+                -1, keepdim=True
+            )
+            loss_mask = loss_mask & (block == first.values)
+        score = confidence.masked_fill(~loss_mask, -1.0)
+        commit = torch.zeros_like(loss_mask)
+        for b in block.unique().tolist():
+            in_block = (block == b) & loss_mask
+            left = in_block.sum(-1, keepdim=True)
+            ranked = score.masked_fill(block != b, -1.0).argsort(-1, descending=True)
+            rank = torch.empty_like(ranked).scatter_(
+                -1, ranked, torch.arange(ranked.shape[-1], device=ranked.device).expand_as(ranked)
+            )
+            commit |= in_block & (rank < self.args.tokens_per_step) & (left > self.args.tokens_per_step)
+        columns = batch["input_ids"][:, keep]
+        batch["input_ids"] = batch["input_ids"].clone()
+        batch["input_ids"][:, keep] = torch.where(commit, proposal, columns)
+        batch["loss_mask"] = batch["loss_mask"] & ~commit
+        labels = self._logits(self.teacher_model, batch).argmax(-1)
+        batch["targets"] = torch.where(batch["loss_mask"], labels, batch["targets"])
+        out = dict(inputs)
+        for name in ("input_ids", "loss_mask", "targets"):
+            out[name] = inputs[name].clone()
+            out[name][chosen] = batch[name]
+        self._record({"student_states": chosen.float().mean()})
+        return out
+
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         args = self.args
+        if self.teacher_model is not None and model.training:
+            inputs = self.student_states(model, inputs)
         loss_mask, targets = inputs["loss_mask"], inputs["targets"]
         local = torch.stack([loss_mask.sum(), inputs["target_mask"].sum(), loss_mask.any(-1).sum()]).float()
         if num_items_in_batch is None:  # evaluation: this batch alone
