@@ -10,8 +10,12 @@ every model is evaluated on held-out prompts at TokPS 1, 2 and 4 and with dynami
   ``t3d_paper`` (the paper's T3D settings); ``ddo``, ``td``, ``redi``, ``dparallel`` and ``mdlm`` (SFT on the
   task's real answers); ``t3d_student``: the recommended T3D with half of the rows moved onto the student's own
   path (``student_state_ratio=0.5``, the step beyond the paper).
-* Ablations (``--ablation_seed``, a seed the report's means do not use): T3D with ``path_weighting`` early / late,
-  ``fake_estimator`` argmax, ``beta`` 0.1, ``state_sampling`` reference, ``lambda_path`` 0.2.
+* Ablations (``--ablation_seed``, a seed the report's means do not use): the teacher, the recommended T3D and T3D
+  with ``path_weighting`` early / late, ``fake_estimator`` argmax, ``beta`` 0.1, ``state_sampling`` reference,
+  ``lambda_path`` 0.2.
+
+Jobs run variant by variant over all seeds (``--variants`` sets which and in what order), so a study cut short
+holds complete variants; the summary reports the complete ones and lists the others as incomplete.
 
 Every (seed, model) result is written to ``OUTPUT/results/seed<S>/<name>.json`` as soon as it is measured and
 reused on a rerun, so the study resumes, and several processes can share it (give them different ``--seeds``,
@@ -105,28 +109,32 @@ def measure(grid, name: str, base: QuickstartConfig, block: int) -> dict[str, An
     return out
 
 
-def run_seed(
-    seed: int,
+def run(
+    jobs: list[tuple[str, int]],
     variants: dict[str, tuple[str, dict]],
     base: QuickstartConfig,
     teacher_path: str,
     output: Path,
     tc: bool,
 ) -> None:
-    """Distil and evaluate every variant not yet on disk for ``seed`` (results/seed<S>/<name>.json)."""
+    """Distil and evaluate every (variant, seed) of ``jobs`` not yet on disk, in that order.
+
+    Results go to ``results/seed<S>/<name>.json``; trajectories are collected once per seed (and resumed).
+    """
     task = get_task(TASK)
-    folder = output / "results" / f"seed{seed}"
-    folder.mkdir(parents=True, exist_ok=True)
-    todo = [name for name in ("teacher", *variants) if not (folder / f"{name}.json").exists()]
+    todo = [(n, s) for n, s in jobs if not (output / "results" / f"seed{s}" / f"{n}.json").exists()]
     if not todo:
         return
-    config = dataclasses.replace(base, seed=seed)
-    work = output / f"seed{seed}"
-    train_rows, eval_rows = split_rows(task, config)
     teacher = AutoModelForDiffusionLM.from_pretrained(teacher_path).eval()
-    trajectories = collect(teacher, task, train_rows, config, work)
     fields = {f.name for f in dataclasses.fields(QuickstartConfig)}
-    for name in todo:
+    per_seed: dict[int, tuple] = {}
+    for name, seed in todo:
+        config = dataclasses.replace(base, seed=seed)
+        work = output / f"seed{seed}"
+        if seed not in per_seed:
+            train_rows, eval_rows = split_rows(task, config)
+            per_seed[seed] = (train_rows, eval_rows, collect(teacher, task, train_rows, config, work))
+        train_rows, eval_rows, trajectories = per_seed[seed]
         start = time.perf_counter()
         if name == "teacher":
             model, method, settings = teacher, "teacher", {}
@@ -146,6 +154,7 @@ def run_seed(
                 **trainer,
             )
         train_s = time.perf_counter() - start
+        (work / name).mkdir(parents=True, exist_ok=True)
         grid = evaluate({name: model}, task, eval_rows, config, work / name)
         result = {
             "name": name,
@@ -160,6 +169,8 @@ def run_seed(
         if tc:  # the factorization error on the teacher's own trajectory states
             analysis = analyze({name: model}, trajectories, config, work / name / "tc")
             result["tc_by_jump"] = analysis[name]["by_jump"]
+        folder = output / "results" / f"seed{seed}"
+        folder.mkdir(parents=True, exist_ok=True)
         (folder / f"{name}.json").write_text(json.dumps(result, indent=2))
         print(json.dumps(result), flush=True)
 
@@ -177,11 +188,11 @@ def summarise(
     output: Path, seeds: list[int], ablation_seed: int | None, budgets: list[int]
 ) -> dict[str, Any]:
     """The Markdown tables, the accuracy-vs-TokPS plot and the final JSON (means over ``seeds``)."""
-    names = ["teacher", *MAIN]
-    rows = {n: [r for s in seeds if (r := load(output, s, n)) is not None] for n in names}
-    missing = [f"{n} (seed {s})" for n in names for s in seeds if load(output, s, n) is None]
-    if missing:
-        raise SystemExit(f"results missing for {missing}: run the study for those seeds first")
+    names = [n for n in ("teacher", *MAIN) if all(load(output, s, n) is not None for s in seeds)]
+    rows = {n: [load(output, s, n) for s in seeds] for n in names}
+    if "teacher" not in names:
+        raise SystemExit(f"no teacher results for seeds {seeds}: run the study first")
+    incomplete = [n for n in MAIN if n not in names]
 
     def acc(name: str, k: int) -> list[float]:
         return [r["tokps"][str(k)] for r in rows[name]]
@@ -202,7 +213,7 @@ def summarise(
     if ablation_seed is not None:
         header = [f"variant (seed {ablation_seed})", *[f"TokPS {k}" for k in budgets], "dynamic 0.9"]
         ablation_lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        for name in ("teacher", "t3d", "t3d_student", *ABLATIONS, *BASELINES):
+        for name in ("teacher", "t3d", *ABLATIONS, *[n for n in MAIN if n != "t3d"]):
             r = load(output, ablation_seed, name)
             if r is not None:
                 cells = [f"{r['tokps'][str(k)]:.1f}" for k in budgets]
@@ -234,18 +245,23 @@ def summarise(
     def m(name: str, k: int) -> float:
         return statistics.fmean(acc(name, k))
 
-    best = {k: max(BASELINES, key=lambda b: m(b, k)) for k in (2, 4)}
-    teacher_1 = m("teacher", 1)
+    def diff(a: str, b: str, k: int) -> float | None:
+        return round(m(a, k) - m(b, k), 2) if a in names and b in names else None
+
+    baselines = [b for b in BASELINES if b in names]
+    best = {k: max(baselines, key=lambda b: m(b, k)) if baselines else None for k in (2, 4)}
     summary = {
         "task": TASK,
-        "teacher_drop_tokps4": round(teacher_1 - m("teacher", 4), 2),
-        "t3d_minus_best_baseline_tokps2": round(m("t3d", 2) - m(best[2], 2), 2),
-        "t3d_minus_best_baseline_tokps4": round(m("t3d", 4) - m(best[4], 4), 2),
+        "teacher_drop_tokps4": round(m("teacher", 1) - m("teacher", 4), 2),
+        "t3d_minus_best_baseline_tokps2": diff("t3d", best[2], 2) if best[2] else None,
+        "t3d_minus_best_baseline_tokps4": diff("t3d", best[4], 4) if best[4] else None,
         "best_baseline": best,
-        "t3d_full_step_minus_teacher": round(m("t3d", 1) - teacher_1, 2),
-        "t3d_student_minus_t3d_tokps2": round(m("t3d_student", 2) - m("t3d", 2), 2),
-        "t3d_student_minus_t3d_tokps4": round(m("t3d_student", 4) - m("t3d", 4), 2),
+        "baselines_measured": baselines,
+        "t3d_full_step_minus_teacher": diff("t3d", "teacher", 1),
+        "t3d_student_minus_t3d_tokps2": diff("t3d_student", "t3d", 2),
+        "t3d_student_minus_t3d_tokps4": diff("t3d_student", "t3d", 4),
         "recommended_t3d": {"loss_type": "t3d", **RECOMMENDED},
+        "incomplete": incomplete,
         "seeds": seeds,
     }
     (output / "summary.md").write_text(table + "\n\n" + "\n".join(ablation_lines) + "\n")
@@ -268,6 +284,7 @@ def main() -> None:
     parser.add_argument("--learning_rate", type=float, default=1e-3)
     parser.add_argument("--num_trajectories", type=int, default=2000)
     parser.add_argument("--num_eval", type=int, default=1000)
+    parser.add_argument("--variants", nargs="+", default=None, help="main-comparison models, in run order")
     parser.add_argument("--tc", action="store_true", help="also run the TC analyser on every model")
     parser.add_argument("--summary_only", action="store_true", help="print the summary of results on disk")
     parser.add_argument("--threads", type=int, default=1)
@@ -302,10 +319,15 @@ def main() -> None:
         args.seeds, args.ablation_seed, args.tc = [0], 0, True
     output.mkdir(parents=True, exist_ok=True)
     if not args.summary_only:
-        for seed in args.seeds:
-            run_seed(seed, MAIN, base, teacher, output, args.tc)
+        # Variant-major: a study cut short still has whole variants over every seed, in the order given.
+        names = args.variants or ["teacher", *MAIN]
+        unknown = [n for n in names if n != "teacher" and n not in MAIN]
+        if unknown:
+            raise SystemExit(f"unknown variants {unknown}; choose from {['teacher', *MAIN]}")
+        jobs = [(name, seed) for name in names for seed in args.seeds]
         if args.ablation_seed is not None:
-            run_seed(args.ablation_seed, {**MAIN, **ABLATIONS}, base, teacher, output, args.tc)
+            jobs += [(name, args.ablation_seed) for name in ("teacher", "t3d", *ABLATIONS)]
+        run(list(dict.fromkeys(jobs)), {**MAIN, **ABLATIONS}, base, teacher, output, args.tc)
     summary = summarise(output, args.seeds, args.ablation_seed, base.eval_tokens_per_step)
     summary["wall_s"] = round(time.perf_counter() - start)
     summary["budget"] = {

@@ -177,3 +177,24 @@ def test_hub_failure_without_offline_copy_names_the_fix(monkeypatch):
     hub_unreachable(monkeypatch)
     with pytest.raises(OSError, match="data_files"):
         get_benchmark("gsm8k").load(limit=1)
+
+
+def test_method_study_quick_runs_every_objective_and_ends_with_the_summary_json(tmp_path):
+    """``benchmarks/bench_method_study.py --quick``: every objective and ablation on tiny budgets, last line JSON."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_method_study.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--quick"], capture_output=True, text=True, cwd=tmp_path, timeout=900
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    expected = {"teacher_drop_tokps4", "t3d_minus_best_baseline_tokps2", "t3d_minus_best_baseline_tokps4"}
+    assert expected | {"t3d_full_step_minus_teacher", "seeds", "recommended_t3d"} <= set(summary)
+    assert summary["incomplete"] == [] and summary["seeds"] == [0]
+    assert set(summary["baselines_measured"]) == {"td", "redi", "ddo", "dparallel"}
+    assert summary["recommended_t3d"]["loss_type"] == "t3d"
+    assert "| t3d_student |" in done.stdout and "| t3d_late |" in done.stdout  # main table and ablations
