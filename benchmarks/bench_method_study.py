@@ -154,7 +154,7 @@ def run(
                 **trainer,
             )
         train_s = time.perf_counter() - start
-        (work / name).mkdir(parents=True, exist_ok=True)
+        (work / name / "tc").mkdir(parents=True, exist_ok=True)
         grid = evaluate({name: model}, task, eval_rows, config, work / name)
         result = {
             "name": name,

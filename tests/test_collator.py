@@ -245,16 +245,16 @@ def test_reference_state_sampling_weighs_the_block_on_a_bidirectional_canvas(tok
 
 
 def test_path_step_of_a_partial_first_block_follows_the_sampler_quota(tokenizer):
-    # Prompt of 6 tokens, block 4: the first block holds 2 completion tokens. At TokPS 2 the sampler spreads
-    # them over the block's 2 steps (one each); path_step must say the same, for every block.
+    # Prompt of 6 tokens, block 4: the first block holds 2 completion tokens (and so does the last). At TokPS 2
+    # the sampler spreads them over the block's 2 steps (one each); path_step must say the same, for every block.
     model = build_block_causal_model(tokenizer)
     prompt = torch.tensor([[5, 6, 7, 8, 9, 10]])
     out = model.diffusion_generate(
-        prompt, max_new_tokens=10, block_length=4, tokens_per_step=2, stop_at_eos=False,
+        prompt, max_new_tokens=12, block_length=4, tokens_per_step=2, stop_at_eos=False,
         return_dict_in_generate=True,
     )  # fmt: skip
     steps = out.decode_steps[0]
-    row = {"prompt_ids": prompt[0].tolist(), "completion_ids": out.sequences[0, -10:].tolist()}
+    row = {"prompt_ids": prompt[0].tolist(), "completion_ids": out.sequences[0, -12:].tolist()}
     batch = collate(model, tokenizer, [{**row, "decode_step": steps.tolist()}], tokens_per_step=2)
     keep = batch["target_mask"][0]
     assert batch["path_step"][0][keep].tolist() == ((steps - 1) % 2 + 1).tolist()
