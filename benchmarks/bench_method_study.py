@@ -9,7 +9,7 @@ every model is evaluated on held-out prompts at TokPS 1, 2 and 4 and with dynami
 * Main comparison (``--seeds``, reported): the teacher; ``t3d`` in the recommended setting (``RECOMMENDED``);
   ``t3d_paper`` (the paper's T3D settings); ``ddo``, ``td``, ``redi``, ``dparallel`` and ``mdlm`` (SFT on the
   task's real answers); ``t3d_student``: the recommended T3D with half of the rows moved onto the student's own
-  path (``student_state_ratio=0.5``, the step beyond the paper).
+  path (``student_state_ratio=0.5`` with 2-token student steps, the step beyond the paper).
 * Ablations (``--ablation_seed``, a seed the report's means do not use): the teacher, the recommended T3D and T3D
   with ``path_weighting`` early / late, ``fake_estimator`` argmax, ``beta`` 0.1, ``state_sampling`` reference,
   ``lambda_path`` 0.2.
@@ -62,7 +62,8 @@ PAPER = {"beta": 0.1, "lambda_path": 0.2, "path_weighting": "early", "fake_estim
 MAIN: dict[str, tuple[str, dict[str, Any]]] = {
     "t3d": ("t3d", RECOMMENDED),
     "t3d_paper": ("t3d", PAPER),
-    "t3d_student": ("t3d", {**RECOMMENDED, "student_state_ratio": 0.5}),
+    # The student's parallel step must leave a mask in the block: TokPS 2 (uniform path weights ignore it).
+    "t3d_student": ("t3d", {**RECOMMENDED, "student_state_ratio": 0.5, "tokens_per_step": 2}),
     "ddo": ("ddo", {"fake_estimator": "expectation"}),
     "td": ("td", {}),
     "redi": ("redi", {}),

@@ -582,7 +582,8 @@ class T3DTrainer(_BaseTrainer):
         In each block of a selected row that is being decoded (block-causal: every noisy block; bidirectional: the
         first block holding a mask), the student commits its ``tokens_per_step`` most confident masked tokens
         (greedy, as ``diffusion_generate`` does), provided at least one mask is left after it. The committed
-        positions leave the loss; the targets of the masked ones become the teacher's argmax at the new state.
+        positions leave the loss; in the blocks that moved, the targets of the masked positions become the
+        teacher's argmax at the new state (blocks that did not move keep the teacher's trajectory tokens).
         Rows are chosen by a generator keyed on ``(seed, global_step)``, so a resumed run draws the same rows.
         """
         generator = torch.Generator().manual_seed(self.args.seed * 1_000_003 + self.state.global_step)
@@ -604,20 +605,21 @@ class T3DTrainer(_BaseTrainer):
             loss_mask = loss_mask & (block == first.values)
         score = confidence.masked_fill(~loss_mask, -1.0)
         commit = torch.zeros_like(loss_mask)
+        moved = torch.zeros_like(loss_mask)  # blocks whose state moved: only they are relabelled
+        positions = torch.arange(score.shape[-1], device=score.device).expand_as(score)
         for b in block.unique().tolist():
             in_block = (block == b) & loss_mask
-            left = in_block.sum(-1, keepdim=True)
+            steps = in_block.sum(-1, keepdim=True) > self.args.tokens_per_step
             ranked = score.masked_fill(block != b, -1.0).argsort(-1, descending=True)
-            rank = torch.empty_like(ranked).scatter_(
-                -1, ranked, torch.arange(ranked.shape[-1], device=ranked.device).expand_as(ranked)
-            )
-            commit |= in_block & (rank < self.args.tokens_per_step) & (left > self.args.tokens_per_step)
+            rank = torch.empty_like(ranked).scatter_(-1, ranked, positions)
+            commit |= in_block & (rank < self.args.tokens_per_step) & steps
+            moved |= (block == b) & steps
         columns = batch["input_ids"][:, keep]
         batch["input_ids"] = batch["input_ids"].clone()
         batch["input_ids"][:, keep] = torch.where(commit, proposal, columns)
         batch["loss_mask"] = batch["loss_mask"] & ~commit
         labels = self._logits(self.teacher_model, batch).argmax(-1)
-        batch["targets"] = torch.where(batch["loss_mask"], labels, batch["targets"])
+        batch["targets"] = torch.where(batch["loss_mask"] & moved, labels, batch["targets"])
         out = dict(inputs)
         for name in ("input_ids", "loss_mask", "targets"):
             out[name] = inputs[name].clone()
