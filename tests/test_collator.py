@@ -258,7 +258,7 @@ def test_path_step_of_a_partial_first_block_follows_the_sampler_quota(tokenizer)
     batch = collate(model, tokenizer, [{**row, "decode_step": steps.tolist()}], tokens_per_step=2)
     keep = batch["target_mask"][0]
     assert batch["path_step"][0][keep].tolist() == ((steps - 1) % 2 + 1).tolist()
-    assert batch["path_step"][0][keep][:2].tolist() == [1, 2]
+    assert sorted(batch["path_step"][0][keep][:2].tolist()) == [1, 2]  # one token per step, not [1, 1]
 
 
 def test_path_step_counts_student_steps_in_decoding_order(tokenizer):

@@ -248,9 +248,9 @@ class T3DTrainer(_BaseTrainer):
             if is_peft_model(self.model):
                 raise ValueError("student_state_ratio > 0 is not supported with PEFT adapters yet")
             self.teacher_model = self._build_reference()
-            sources, _ = self._reference_pairs()
+            student = list(self.accelerator.unwrap_model(self.model).parameters())
             teacher = list(self.accelerator.unwrap_model(self.teacher_model).parameters())
-            _copy_parameters(sources, teacher, zero3=self._zero3)
+            _copy_parameters(student, teacher, zero3=self._zero3)
         self._ref_synced_at: int | None = None
         if self._needs_reference:
             self.sync_reference()  # round 0: the reference is the initial student (a resume loads its own)
@@ -558,9 +558,15 @@ class T3DTrainer(_BaseTrainer):
         return self._logits(self.ref_model, inputs)
 
     def _get_num_items_in_batch(self, batch_samples: list, device: torch.device) -> torch.Tensor | None:
-        """Counts over the whole accumulated step (and all processes): masked tokens, target tokens, sequences."""
+        """Counts over the whole accumulated step (and all processes): masked tokens, target tokens, sequences.
+
+        Student states are made here, before counting, so that the loss is normalised by the states trained on.
+        """
         if not batch_samples or "loss_mask" not in batch_samples[0]:
             return None
+        if self.teacher_model is not None:
+            for index, batch in enumerate(batch_samples):
+                batch.update(self.student_states(self.model, self._prepare_inputs(batch), index))
         counts = torch.stack(
             [
                 sum(b["loss_mask"].sum() for b in batch_samples),
@@ -574,7 +580,7 @@ class T3DTrainer(_BaseTrainer):
 
     @torch.no_grad()
     def student_states(
-        self, model: torch.nn.Module, inputs: dict[str, torch.Tensor]
+        self, model: torch.nn.Module, inputs: dict[str, torch.Tensor], micro_batch: int = 0
     ) -> dict[str, torch.Tensor]:
         """Move a share ``student_state_ratio`` of the rows one parallel step of the student off the teacher's
         trajectory, and relabel them with the frozen teacher (see ``T3DConfig.student_state_ratio``).
@@ -584,9 +590,11 @@ class T3DTrainer(_BaseTrainer):
         (greedy, as ``diffusion_generate`` does), provided at least one mask is left after it. The committed
         positions leave the loss; in the blocks that moved, the targets of the masked positions become the
         teacher's argmax at the new state (blocks that did not move keep the teacher's trajectory tokens).
-        Rows are chosen by a generator keyed on ``(seed, global_step)``, so a resumed run draws the same rows.
+        Rows are chosen by a generator keyed on ``(seed, global_step, micro_batch, process)``, so a resumed run
+        draws the same rows. The training loop calls it on every micro-batch before counting the loss's items.
         """
-        generator = torch.Generator().manual_seed(self.args.seed * 1_000_003 + self.state.global_step)
+        key = ((self.args.seed * 1_000_003 + self.state.global_step) * 1_009 + micro_batch) * 1_013
+        generator = torch.Generator().manual_seed(key + self.accelerator.process_index)
         chosen = torch.rand(inputs["input_ids"].shape[0], generator=generator) < self.args.student_state_ratio
         chosen = chosen.to(inputs["loss_mask"].device)
         if not chosen.any():
@@ -629,8 +637,6 @@ class T3DTrainer(_BaseTrainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         args = self.args
-        if self.teacher_model is not None and model.training:
-            inputs = self.student_states(model, inputs)
         loss_mask, targets = inputs["loss_mask"], inputs["targets"]
         local = torch.stack([loss_mask.sum(), inputs["target_mask"].sum(), loss_mask.any(-1).sum()]).float()
         if num_items_in_batch is None:  # evaluation: this batch alone
