@@ -11,7 +11,8 @@ every model is evaluated on held-out prompts at TokPS 1, 2 and 4 and with dynami
   task's real answers); ``t3d_student``: the recommended T3D with half of the rows moved onto the student's own
   path (``student_state_ratio=0.5`` with 2-token student steps, the step beyond the paper).
 * Ablations (``--ablation_seed``, a seed the report's means do not use): the teacher, the recommended T3D and T3D
-  with ``path_weighting`` early / late, ``fake_estimator`` argmax, ``beta`` 0.1, ``state_sampling`` reference,
+  with ``path_weighting`` uniform / early / late (at a student budget of TokPS 2: at TokPS 4 a block of 4 is one
+  step and every path weight is 1), ``fake_estimator`` argmax, ``beta`` 0.1, ``state_sampling`` reference,
   ``lambda_path`` 0.2.
 
 Jobs run variant by variant over all seeds (``--variants`` sets which and in what order), so a study cut short
@@ -70,9 +71,11 @@ MAIN: dict[str, tuple[str, dict[str, Any]]] = {
     "dparallel": ("dparallel", {}),
     "mdlm": ("mdlm", {}),
 }
+# Path weights need a student budget below the block: at TokPS 4 on blocks of 4, B = 1 and every weight is 1.
 ABLATIONS: dict[str, tuple[str, dict[str, Any]]] = {
-    "t3d_early": ("t3d", {**RECOMMENDED, "path_weighting": "early"}),
-    "t3d_late": ("t3d", {**RECOMMENDED, "path_weighting": "late"}),
+    "t3d_tokps2_uniform": ("t3d", {**RECOMMENDED, "tokens_per_step": 2}),
+    "t3d_tokps2_early": ("t3d", {**RECOMMENDED, "tokens_per_step": 2, "path_weighting": "early"}),
+    "t3d_tokps2_late": ("t3d", {**RECOMMENDED, "tokens_per_step": 2, "path_weighting": "late"}),
     "t3d_argmax": ("t3d", {**RECOMMENDED, "fake_estimator": "argmax"}),
     "t3d_beta0.1": ("t3d", {**RECOMMENDED, "beta": 0.1}),
     "t3d_reference_states": ("t3d", {**RECOMMENDED, "state_sampling": "reference"}),

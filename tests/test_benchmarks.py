@@ -197,4 +197,6 @@ def test_method_study_quick_runs_every_objective_and_ends_with_the_summary_json(
     assert summary["incomplete"] == [] and summary["seeds"] == [0]
     assert set(summary["baselines_measured"]) == {"td", "redi", "ddo", "dparallel"}
     assert summary["recommended_t3d"]["loss_type"] == "t3d"
-    assert "| t3d_student |" in done.stdout and "| t3d_late |" in done.stdout  # main table and ablations
+    assert (
+        "| t3d_student |" in done.stdout and "| t3d_tokps2_late |" in done.stdout
+    )  # main table and ablations
