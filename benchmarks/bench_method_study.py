@@ -333,8 +333,9 @@ def main() -> None:
             jobs += [(name, args.ablation_seed) for name in ("teacher", "t3d", *ABLATIONS)]
         run(list(dict.fromkeys(jobs)), {**MAIN, **ABLATIONS}, base, teacher, output, args.tc)
     summary = summarise(output, args.seeds, args.ablation_seed, base.eval_tokens_per_step)
-    summary["wall_s"] = round(time.perf_counter() - start)
-    summary["budget"] = {
+    if not args.summary_only:
+        summary["wall_s"] = round(time.perf_counter() - start)
+    summary["budget"] = {  # as given on this command line (the results on disk record their own)
         "distill_steps": base.distill_steps,
         "batch_size": base.batch_size,
         "num_trajectories": base.num_trajectories,
