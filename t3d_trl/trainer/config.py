@@ -64,10 +64,11 @@ class T3DConfig(_BaseConfig):
         student_state_ratio (`float`, *optional*, defaults to `0.0`):
             Share of the rows (`lmbda` in TRL's GKD) whose trajectory state is moved onto the student's own path:
             the student, without gradient, commits its `tokens_per_step` most confident masked tokens of the
-            state's block (one greedy parallel step, as it decodes), and the frozen teacher (the initial model)
-            relabels every position still masked with its own prediction at that state. The student then trains
-            on the states its few-step decoding reaches, not only on the teacher's. `0`: teacher states only (the
-            paper). Trajectory losses only; costs one student and one teacher forward (no gradient) per batch.
+            state's block (one greedy parallel step, as it decodes; only where a mask is left after it), and the
+            frozen teacher (the initial model) relabels the positions still masked in those blocks with its own
+            prediction at that state. The student then trains on the states its few-step decoding reaches, not
+            only on the teacher's. `0`: teacher states only (the paper). Trajectory losses only; costs one student
+            and one teacher forward (no gradient) per batch. Measured in `docs/method_study.md` (it lost there).
         random_token_prob (`float`, *optional*, defaults to `0.1`):
             Probability that a masked input position shows a uniformly drawn vocabulary token instead of the
             mask token (targets stay clean). Applies to every `loss_type`; set 0 to reproduce a published
