@@ -231,8 +231,21 @@ def _distributed_targets(result: dict) -> None:
     assert result["ref_sync_ok"] is True and result["targets_met"] is True
 
 
+def _method_study_targets(result: dict) -> None:
+    # Every objective and ablation on tiny budgets; the summary names the recommended T3D setting.
+    expected = {"teacher_drop_tokps4", "t3d_minus_best_baseline_tokps2", "t3d_minus_best_baseline_tokps4"}
+    assert expected | {"t3d_full_step_minus_teacher", "seeds", "recommended_t3d"} <= set(result)
+    assert result["incomplete"] == [] and result["seeds"] == [0]
+    assert set(result["baselines_measured"]) == {"td", "redi", "ddo", "dparallel"}
+    assert result["recommended_t3d"]["loss_type"] == "t3d"
+
+
 # Scripts whose --quick run has correctness targets (ratios of timings are never asserted).
-TARGETS = {"bench_code_extraction": _code_extraction_targets, "bench_distributed": _distributed_targets}
+TARGETS = {
+    "bench_code_extraction": _code_extraction_targets,
+    "bench_distributed": _distributed_targets,
+    "bench_method_study": _method_study_targets,
+}
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda script: script.stem)

@@ -227,6 +227,40 @@ def test_reference_state_sampling_prefers_heavily_masked_blocks(tokenizer):
     assert fully_masked["reference"] > 0.85
 
 
+def test_reference_state_sampling_weighs_the_block_on_a_bidirectional_canvas(tokenizer):
+    # 4 blocks of 4 decoded in order: every block's fully masked state has the same weight, so the current
+    # block (the one holding the first mask) is close to uniform; weighing by the share of the WHOLE
+    # completion still masked put ~92% of the states in block 0.
+    model = build_bidirectional_model(tokenizer)
+    row = {"prompt_ids": [5, 6, 7], "completion_ids": list(range(20, 36)), "decode_step": list(range(1, 17))}
+    current, fully_masked = [], []
+    for index in range(400):
+        loss_mask = collate(model, tokenizer, [{**row, "row_index": index}], state_sampling="reference")
+        first = int(loss_mask["loss_mask"][0].long().argmax())
+        current.append(first // 4)
+        fully_masked.append(first % 4 == 0)
+    share = np.bincount(current, minlength=4) / len(current)
+    assert (share > 0.15).all() and (share < 0.35).all(), share
+    assert np.mean(fully_masked) > 0.85
+
+
+def test_path_step_of_a_partial_first_block_follows_the_sampler_quota(tokenizer):
+    # Prompt of 6 tokens, block 4: the first block holds 2 completion tokens (and so does the last). At TokPS 2
+    # the sampler spreads them over the block's 2 steps (one each); path_step must say the same, for every block.
+    model = build_block_causal_model(tokenizer)
+    prompt = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    out = model.diffusion_generate(
+        prompt, max_new_tokens=12, block_length=4, tokens_per_step=2, stop_at_eos=False,
+        return_dict_in_generate=True,
+    )  # fmt: skip
+    steps = out.decode_steps[0]
+    row = {"prompt_ids": prompt[0].tolist(), "completion_ids": out.sequences[0, -12:].tolist()}
+    batch = collate(model, tokenizer, [{**row, "decode_step": steps.tolist()}], tokens_per_step=2)
+    keep = batch["target_mask"][0]
+    assert batch["path_step"][0][keep].tolist() == ((steps - 1) % 2 + 1).tolist()
+    assert sorted(batch["path_step"][0][keep][:2].tolist()) == [1, 2]  # one token per step, not [1, 1]
+
+
 def test_path_step_counts_student_steps_in_decoding_order(tokenizer):
     model = build_bidirectional_model(tokenizer)
     row = {"prompt_ids": [5, 6], "completion_ids": [20, 21, 22, 23, 24, 25, 26, 27]}

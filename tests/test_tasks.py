@@ -128,3 +128,61 @@ def test_generation_config_budget():
     config = task.generation_config(tokens_per_step=2)
     assert config.resolve(None) == (4, 2)  # two blocks of 4 tokens, 2 steps per block
     assert get_task("sort2").generation_config(tokens_per_step=4).resolve(None) == (8, 2)
+
+
+def test_wordsort_accepts_both_sorted_spellings_and_rejects_mixtures():
+    task = get_task("wordsort")
+    prompt = "wolf bear note cold sand lamp fern jade"
+    ascending = "b e a r c o l d f e r n j a d e l a m p n o t e s a n d w o l f"
+    descending = "w o l f s a n d n o t e l a m p j a d e f e r n c o l d b e a r"
+    assert task.valid_answers(prompt) == [ascending, descending]
+    assert task.is_valid(prompt, ascending) and task.is_valid(prompt, descending)
+    near_misses = [
+        "b o l f c o l d f e r n j a d e l a m p n o t e s a n d w o l f",  # block 0 mixes bear and wolf
+        "w e a r s a n d n o t e l a m p j a d e f e r n c o l d b e a r",  # the same, descending
+        "b e a r c o l d f e r n j a d e l a m p n o t e w o l f s a n d",  # last two words swapped
+        "b e a r c o l d f e r n j a d e l a m p n o t e s a n d w o l",  # one letter short
+        "b e a r c o l d f e r n j a d e l a m p n o t e s a n d t i d e",  # a word not in the prompt
+    ]
+    for completion in near_misses:
+        assert not task.is_valid(prompt, completion), completion
+    with pytest.raises(ValueError, match="8 distinct words"):
+        task.is_valid("wolf wolf note cold sand lamp fern jade", ascending)
+    with pytest.raises(ValueError, match="is not a wordsort prompt"):
+        task.is_valid("wolf bear note cold sand lamp fern", ascending)  # 7 words
+
+
+def test_wordorder_accepts_the_given_order_and_its_reverse():
+    task = get_task("wordorder")
+    prompt = "wolf bear note cold sand lamp fern jade"
+    forward = "w o l f b e a r n o t e c o l d s a n d l a m p f e r n j a d e"
+    assert task.valid_answers(prompt)[0] == forward
+    assert task.is_valid(prompt, forward)
+    assert task.is_valid(prompt, "j a d e f e r n l a m p s a n d c o l d n o t e b e a r w o l f")
+    assert not task.is_valid(prompt, "j a d e f e r n l a m p s a n d c o l d n o t e w o l f b e a r")
+
+
+def test_wordsort_teacher_is_block_causal_with_blocks_of_four(tmp_path):
+    task = get_task("wordsort")
+    assert (task.answer_length, task.block_length, task.prompt_length % task.block_length) == (32, 4, 0)
+    model = build_teacher(task, seed=0)
+    assert model.diffusion_config.attention == "block_causal" and model.diffusion_config.block_size == 4
+    assert teacher_config(task).hidden_size == 64
+    assert model.diffusion_generation_config.block_length == 4
+    model.save_pretrained(tmp_path)
+    assert AutoModelForDiffusionLM.from_pretrained(str(tmp_path)).diffusion_config == model.diffusion_config
+
+
+def test_packaged_wordsort_teacher_is_block_causal_and_answers_one_token_per_step():
+    from t3d_trl.demo.quickstart import PACKAGED_TEACHERS
+
+    task = get_task("wordsort")
+    model = AutoModelForDiffusionLM.from_pretrained(str(PACKAGED_TEACHERS / "wordsort")).eval()
+    assert (model.diffusion_config.attention, model.diffusion_config.block_size) == ("block_causal", 4)
+    rows = task.sample(16, seed=12345)
+    tokenizer = task.tokenizer()
+    prompts = torch.tensor(tokenizer([r["prompt"] for r in rows], add_special_tokens=False)["input_ids"])
+    out = model.diffusion_generate(prompts, generation_config=task.generation_config(1, stop_at_eos=False))
+    completions = tokenizer.batch_decode(out[:, prompts.shape[1] :])
+    valid = sum(task.is_valid(r["prompt"], c) for r, c in zip(rows, completions))
+    assert valid >= 14, completions  # the study measured 98% on 3000 held-out prompts

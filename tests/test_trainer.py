@@ -81,6 +81,7 @@ def logged(trainer, key="loss") -> list[float]:
         ("redi", "bidirectional", {}),
         ("dparallel", "block_causal", {}),
         ("mdlm", "bidirectional", {}),
+        ("t3d", "block_causal", {"student_state_ratio": 0.5}),
     ],
 )
 def test_each_loss_type_trains_with_finite_decreasing_loss(
@@ -102,6 +103,50 @@ def test_each_loss_type_trains_with_finite_decreasing_loss(
     if loss_type == "t3d":
         assert "loss/path" in metrics
         assert metrics["loss"] == pytest.approx(metrics["loss/ddo"] + 0.2 * metrics["loss/path"], rel=1e-3)
+
+
+@pytest.mark.parametrize("kind", ["bidirectional", "block_causal"])
+def test_student_states_take_one_student_step_and_teacher_labels(tokenizer, trajectories, tmp_path, kind):
+    args = config(tmp_path, loss_type="td", student_state_ratio=1.0, random_token_prob=0.0, tokens_per_step=2)
+    trainer = T3DTrainer(
+        BUILDERS[kind](tokenizer, seed=1), args, train_dataset=trajectories[kind], processing_class=tokenizer
+    )
+    with torch.no_grad():  # the student drifts away from the teacher; labels must still be the teacher's
+        for p in trainer.model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    batch = next(iter(trainer.get_train_dataloader()))
+    trainer.model.train()
+    out = trainer.student_states(trainer.model, batch)
+    committed = batch["loss_mask"] & ~out["loss_mask"]
+    assert not (out["loss_mask"] & ~batch["loss_mask"]).any()  # only masked positions get committed
+    keep = batch["keep"]
+    student = trainer._logits(trainer.model, batch).argmax(-1)
+    assert torch.equal(out["input_ids"][:, keep][committed], student[committed])
+    untouched = ~committed
+    assert torch.equal(out["input_ids"][:, keep][untouched], batch["input_ids"][:, keep][untouched])
+    block = (
+        out["position_ids"][:, keep] // 4
+        if kind == "block_causal"
+        else torch.arange(keep.numel()).expand_as(committed) // 4
+    )
+    for row in range(committed.shape[0]):
+        for b in block[row][committed[row]].unique().tolist():
+            in_block = block[row] == b
+            assert committed[row][in_block].sum() == 2  # tokens_per_step, the student's parallel step
+            assert (batch["loss_mask"][row] & in_block).sum() > 2  # a mask is left to learn from
+        if kind == "bidirectional":  # one decoding block at a time
+            assert len(block[row][committed[row]].unique()) <= 1
+    assert committed.any()
+    teacher = BUILDERS[kind](tokenizer, seed=1).train()
+    labels = trainer._logits(teacher, out).argmax(-1)
+    moved = torch.zeros_like(committed)
+    for row in range(committed.shape[0]):
+        for b in block[row][committed[row]].unique().tolist():
+            moved[row] |= block[row] == b
+    relabelled = out["loss_mask"] & moved
+    assert relabelled.any()
+    assert torch.equal(out["targets"][relabelled], labels[relabelled])
+    assert torch.equal(out["targets"][~moved], batch["targets"][~moved])  # blocks that did not move
 
 
 def test_gradient_accumulation_normalises_over_the_whole_step(tokenizer, trajectories, tmp_path):
@@ -303,6 +348,8 @@ def test_prompts_over_the_limit_are_dropped_not_truncated(tokenizer, trajectorie
         ({"ref_sync_steps": 0}, "ref_sync_steps"),
         ({"fake_estimator": "sample"}, "fake_estimator must be one of"),
         ({"random_token_prob": 1.0}, "random_token_prob"),
+        ({"loss_type": "redi", "student_state_ratio": 0.5}, "moves trajectory states"),
+        ({"student_state_ratio": 1.5}, "student_state_ratio must be in"),
     ],
 )
 def test_invalid_configurations_fail_at_construction(tmp_path, overrides, message):
@@ -317,6 +364,7 @@ def test_config_defaults_follow_the_paper_and_work_on_cpu(tmp_path):
     assert (args.loss_type, args.beta, args.fake_weight, args.lambda_path) == ("t3d", 0.1, 0.5, 0.2)
     assert (args.path_weighting, args.ref_sync_steps, args.random_token_prob) == ("early", 10, 0.1)
     assert args.fake_estimator == "argmax"  # the reference code's fake samples
+    assert args.student_state_ratio == 0.0  # teacher states only, as in the paper
     assert (args.max_prompt_length, args.max_completion_length, args.learning_rate) == (512, 1024, 1e-5)
     if not torch.cuda.is_available():
         assert args.bf16 is False  # TRL's bf16 default would refuse to start on a CPU-only machine

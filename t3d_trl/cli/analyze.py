@@ -34,7 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--trajectories", metavar="PATH", help="trajectory dataset (folder or Hub repo id)")
     source.add_argument(
-        "--task", help="embedded demo task whose prompts the first model decodes (sort2, words, add)"
+        "--task",
+        help="embedded demo task whose prompts the first model decodes (sort2, words, add, wordsort, wordorder)",
     )
     parser.add_argument(
         "--num_prompts",

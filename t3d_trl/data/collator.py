@@ -40,6 +40,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from ..generation.remasking import transfer_schedule
 from ..models.diffusion_config import DiffusionConfig
 from ..models.masks import additive_mask, padding_attention_mask, position_ids_from_valid
 
@@ -118,8 +119,14 @@ class DataCollatorForDiffusion:
         offset = prompt_len % self.block_length if self.diffusion.is_block_causal else 0
         return (offset + np.arange(completion_len)) // self.block_length
 
-    def _trajectory_mask(self, steps: np.ndarray, groups: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """Per group, the teacher state before one of its denoising steps: mask tokens decoded at or after it."""
+    def _trajectory_mask(
+        self, steps: np.ndarray, groups: np.ndarray, blocks: np.ndarray, rng: np.random.Generator
+    ) -> np.ndarray:
+        """Per group, the teacher state before one of its denoising steps: mask tokens decoded at or after it.
+
+        ``reference`` weights a state by the share of ITS BLOCK still masked (the block the step decodes in),
+        also on a bidirectional canvas where one group spans every block.
+        """
         if steps.size and steps.min() < 1:
             raise ValueError(
                 f"decode_step entries must be >= 1 (global 1-based steps), got {int(steps.min())}"
@@ -130,12 +137,13 @@ class DataCollatorForDiffusion:
         if self.state_sampling == "uniform":
             weights = np.ones(len(keys))
         else:
-            tokens = np.bincount(inverse, minlength=len(keys)).astype(np.float64)
-            group_tokens = np.bincount(groups).astype(np.float64)
-            cum = np.cumsum(tokens)
-            start = np.searchsorted(cand_group, cand_group, side="left")
-            decoded_before = cum - tokens - (cum[start] - tokens[start])
-            weights = (1.0 - decoded_before / group_tokens[cand_group]) ** _REFERENCE_POWER
+            # The teacher decodes block by block, so all tokens of one step share a block.
+            cand_block = np.zeros(len(keys), dtype=np.int64)
+            cand_block[inverse] = blocks
+            same_block = (groups[None, :] == cand_group[:, None]) & (blocks[None, :] == cand_block[:, None])
+            block_tokens = same_block.sum(1)
+            decoded_before = (same_block & (steps[None, :] < cand_step[:, None])).sum(1)
+            weights = (1.0 - decoded_before / block_tokens) ** _REFERENCE_POWER
         cum_w = np.cumsum(weights)
         group_start = np.searchsorted(cand_group, np.arange(groups.max() + 1), side="left")
         group_end = np.searchsorted(cand_group, np.arange(groups.max() + 1), side="right")
@@ -169,6 +177,20 @@ class DataCollatorForDiffusion:
         any_mask = -np.expm1(sizes * np.log1p(-np.minimum(t, 1.0 - 1e-12)))
         return masked, np.minimum(t / any_mask, 1.0)[groups]
 
+    def _path_step(self, steps: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+        """The student step (1-based, within its block) at which each token is decoded: its rank in the block's
+        decoding order mapped through the sampler's per-block quota (:func:`transfer_schedule`), so that a
+        partial block (the first block of a block-causal model after a prompt tail, or a short last block)
+        spreads its tokens over the same ``block_length / tokens_per_step`` steps as the sampler does."""
+        length = len(steps)
+        order = np.lexsort((np.arange(length), steps, blocks))
+        rank = np.empty(length, dtype=np.int64)
+        rank[order] = np.arange(length) - np.searchsorted(blocks[order], blocks[order], side="left")
+        steps_per_block = max(1, self.block_length // self.tokens_per_step)
+        block_tokens = torch.from_numpy(np.bincount(blocks))
+        done = transfer_schedule(block_tokens, steps_per_block).cumsum(1).numpy()  # tokens decoded by step j
+        return (done[blocks] <= rank[:, None]).sum(1) + 1
+
     def _row_state(self, example: dict[str, Any]) -> dict[str, np.ndarray]:
         prompt = np.asarray(example["prompt_ids"], dtype=np.int64)
         completion = np.asarray(example["completion_ids"], dtype=np.int64)
@@ -190,12 +212,8 @@ class DataCollatorForDiffusion:
                     f"row {example.get('id', example.get('row_index'))!r}: {len(steps)} decode_step entries for "
                     f"{length} completion tokens"
                 )
-            masked = self._trajectory_mask(steps, groups, rng)
-            # Rank of each token inside its block in decoding order, in student steps of tokens_per_step tokens.
-            order = np.lexsort((np.arange(length), steps, blocks))
-            rank = np.empty(length, dtype=np.int64)
-            rank[order] = np.arange(length) - np.searchsorted(blocks[order], blocks[order], side="left")
-            path_step = rank // self.tokens_per_step + 1
+            masked = self._trajectory_mask(steps, groups, blocks, rng)
+            path_step = self._path_step(steps, blocks)
         elif self.states == "random" or self.diffusion.is_block_causal:
             masked, prob = self._random_mask(groups, rng)
         else:  # semi_ar on a bidirectional canvas: earlier blocks clean, a random block noised, later ones masked

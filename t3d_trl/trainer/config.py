@@ -63,6 +63,14 @@ class T3DConfig(_BaseConfig):
             How a trajectory state `x_t` is drawn: `"uniform"` over the teacher's denoising steps, or
             `"reference"` with probability proportional to (share of the block still masked)^8, the public
             reference code's choice (early, heavily masked states dominate).
+        student_state_ratio (`float`, *optional*, defaults to `0.0`):
+            Share of the rows (`lmbda` in TRL's GKD) whose trajectory state is moved onto the student's own path:
+            the student, without gradient, commits its `tokens_per_step` most confident masked tokens of the
+            state's block (one greedy parallel step, as it decodes; only where a mask is left after it), and the
+            frozen teacher (the initial model) relabels the positions still masked in those blocks with its own
+            prediction at that state. The student then trains on the states its few-step decoding reaches, not
+            only on the teacher's. `0`: teacher states only (the paper). Trajectory losses only; costs one student
+            and one teacher forward (no gradient) per batch. Measured in `docs/method_study.md` (it lost there).
         random_token_prob (`float`, *optional*, defaults to `0.1`):
             Probability that a masked input position shows a uniformly drawn vocabulary token instead of the
             mask token (targets stay clean). Applies to every `loss_type`; set 0 to reproduce a published
@@ -133,6 +141,12 @@ class T3DConfig(_BaseConfig):
         default="uniform",
         metadata={"help": "How trajectory states are drawn.", "choices": list(STATE_SAMPLING)},
     )
+    student_state_ratio: float = field(
+        default=0.0,
+        metadata={
+            "help": "Share of rows moved one student parallel step off the trajectory, teacher-labelled."
+        },
+    )
     random_token_prob: float = field(
         default=0.1, metadata={"help": "Share of masked input positions shown as random tokens."}
     )
@@ -189,6 +203,13 @@ class T3DConfig(_BaseConfig):
         if self.ref_sync_steps < 1:
             raise ValueError(
                 f"ref_sync_steps must be a positive number of optimizer steps, got {self.ref_sync_steps}"
+            )
+        if not 0 <= self.student_state_ratio <= 1:
+            raise ValueError(f"student_state_ratio must be in [0, 1], got {self.student_state_ratio}")
+        if self.student_state_ratio > 0 and self.loss_type not in TRAJECTORY_LOSSES:
+            raise ValueError(
+                f"student_state_ratio={self.student_state_ratio} moves trajectory states, but "
+                f"loss_type={self.loss_type!r} masks randomly; use it with one of {TRAJECTORY_LOSSES}"
             )
         if not 0 <= self.random_token_prob < 1:
             raise ValueError(f"random_token_prob must be in [0, 1), got {self.random_token_prob}")

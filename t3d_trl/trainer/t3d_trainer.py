@@ -297,6 +297,15 @@ class T3DTrainer(_BaseTrainer):
         self.ref_model = None
         if self._needs_reference and not self._ref_adapter:
             self.ref_model = self._build_reference()
+        # The frozen teacher that labels student states: the initial student (self-distillation), never refreshed.
+        self.teacher_model = None
+        if args.student_state_ratio > 0:
+            if is_peft_model(self.model):
+                raise ValueError("student_state_ratio > 0 is not supported with PEFT adapters yet")
+            self.teacher_model = self._build_reference()
+            student = list(self.accelerator.unwrap_model(self.model).parameters())
+            teacher = list(self.accelerator.unwrap_model(self.teacher_model).parameters())
+            _copy_parameters(student, teacher, zero3=self._zero3)
         self._ref_synced_at: int | None = None
         if self._needs_reference:
             self.sync_reference()  # round 0: the reference is the initial student (a resume loads its own)
@@ -669,9 +678,15 @@ class T3DTrainer(_BaseTrainer):
         return self._logits(self.ref_model, inputs)
 
     def _get_num_items_in_batch(self, batch_samples: list, device: torch.device) -> torch.Tensor | None:
-        """Counts over the whole accumulated step (and all processes): masked tokens, target tokens, sequences."""
+        """Counts over the whole accumulated step (and all processes): masked tokens, target tokens, sequences.
+
+        Student states are made here, before counting, so that the loss is normalised by the states trained on.
+        """
         if not batch_samples or "loss_mask" not in batch_samples[0]:
             return None
+        if self.teacher_model is not None:
+            for index, batch in enumerate(batch_samples):
+                batch.update(self.student_states(self.model, self._prepare_inputs(batch), index))
         counts = torch.stack(
             [
                 sum(b["loss_mask"].sum() for b in batch_samples),
@@ -682,6 +697,63 @@ class T3DTrainer(_BaseTrainer):
         if self.args.average_tokens_across_devices and self.args.world_size > 1:
             counts = self.accelerator.reduce(counts, reduction="sum")
         return counts
+
+    @torch.no_grad()
+    def student_states(
+        self, model: torch.nn.Module, inputs: dict[str, torch.Tensor], micro_batch: int = 0
+    ) -> dict[str, torch.Tensor]:
+        """Move a share ``student_state_ratio`` of the rows one parallel step of the student off the teacher's
+        trajectory, and relabel them with the frozen teacher (see ``T3DConfig.student_state_ratio``).
+
+        In each block of a selected row that is being decoded (block-causal: every noisy block; bidirectional: the
+        first block holding a mask), the student commits its ``tokens_per_step`` most confident masked tokens
+        (greedy, as ``diffusion_generate`` does), provided at least one mask is left after it. The committed
+        positions leave the loss; in the blocks that moved, the targets of the masked positions become the
+        teacher's argmax at the new state (blocks that did not move keep the teacher's trajectory tokens).
+        Rows are chosen by a generator keyed on ``(seed, global_step, micro_batch, process)``, so a resumed run
+        draws the same rows. The training loop calls it on every micro-batch before counting the loss's items.
+        """
+        key = ((self.args.seed * 1_000_003 + self.state.global_step) * 1_009 + micro_batch) * 1_013
+        generator = torch.Generator().manual_seed(key + self.accelerator.process_index)
+        chosen = torch.rand(inputs["input_ids"].shape[0], generator=generator) < self.args.student_state_ratio
+        chosen = chosen.to(inputs["loss_mask"].device)
+        if not chosen.any():
+            return inputs
+        batch = {k: v if k == "keep" else v[chosen] for k, v in inputs.items()}
+        loss_mask, keep = batch["loss_mask"], batch["keep"]
+        logits = self._logits(model, batch).float()
+        confidence, proposal = logits.softmax(-1).max(-1)
+        if self.diffusion.is_block_causal:
+            block = batch["position_ids"][:, keep] // self.block_length
+        else:  # blocks start at the completion (the first kept column); later blocks wait for the current one
+            block = torch.arange(keep.numel(), device=keep.device).expand_as(loss_mask) // self.block_length
+            first = torch.where(loss_mask, block, torch.full_like(block, block.max() + 1)).min(
+                -1, keepdim=True
+            )
+            loss_mask = loss_mask & (block == first.values)
+        score = confidence.masked_fill(~loss_mask, -1.0)
+        commit = torch.zeros_like(loss_mask)
+        moved = torch.zeros_like(loss_mask)  # blocks whose state moved: only they are relabelled
+        positions = torch.arange(score.shape[-1], device=score.device).expand_as(score)
+        for b in block.unique().tolist():
+            in_block = (block == b) & loss_mask
+            steps = in_block.sum(-1, keepdim=True) > self.args.tokens_per_step
+            ranked = score.masked_fill(block != b, -1.0).argsort(-1, descending=True)
+            rank = torch.empty_like(ranked).scatter_(-1, ranked, positions)
+            commit |= in_block & (rank < self.args.tokens_per_step) & steps
+            moved |= (block == b) & steps
+        columns = batch["input_ids"][:, keep]
+        batch["input_ids"] = batch["input_ids"].clone()
+        batch["input_ids"][:, keep] = torch.where(commit, proposal, columns)
+        batch["loss_mask"] = batch["loss_mask"] & ~commit
+        labels = self._logits(self.teacher_model, batch).argmax(-1)
+        batch["targets"] = torch.where(batch["loss_mask"] & moved, labels, batch["targets"])
+        out = dict(inputs)
+        for name in ("input_ids", "loss_mask", "targets"):
+            out[name] = inputs[name].clone()
+            out[name][chosen] = batch[name]
+        self._record({"student_states": chosen.float().mean()})
+        return out
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         args = self.args
