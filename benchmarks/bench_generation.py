@@ -1,11 +1,13 @@
-"""Sampler benchmark: overhead, speed against a plain LLaDA-reference port, few-step speed-ups, KV cache, dynamic.
+"""Sampler benchmark: overhead, speed against a plain LLaDA-reference port, few-step speed-ups, KV caches, dynamic.
 
 Runs on the CPU with randomly initialised Qwen3 models of about 27M parameters whose vocabulary projection
 takes a share of the compute similar to a 1-2B LLM's (hidden 512, 6 layers, vocabulary 8192: the LM head is
 ~18% of the per-token FLOPs; Qwen3-1.7B: ~18%, LLaDA-8B: ~7%). Every comparison is measured side by side in
-this one process, interleaved, and reported as a ratio. The last line printed is one JSON object.
+this one process, interleaved, and reported as a ratio. The approximate (Fast-dLLM) caches of bidirectional
+models are also checked token for token against a port of Fast-dLLM's samplers, and their accuracy cost is
+measured on a trained demo teacher. The last line printed is one JSON object.
 
-    python benchmarks/bench_generation.py [--reps 3] [--threads 2]
+    python benchmarks/bench_generation.py [--reps 3] [--threads 2] [--quick]
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ import json
 import time
 
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
 
 from t3d_trl import DiffusionConfig, add_diffusion_generation
+from t3d_trl.models.forward import cache_keyword
 
 MASK_ID = 8191
 
@@ -81,6 +84,94 @@ def llada_reference_generate(model, prompt, steps, gen_length, block_length, mas
     return x
 
 
+def _fast_dllm_transfer(logits, region, mask_index, quota, threshold, mask_id):
+    """Fast-dLLM's ``get_transfer_index``, greedy, ``low_confidence``: commit the ``quota`` most confident
+    masked positions, or (threshold) the most confident one and every other one at or above the threshold."""
+    x0 = logits.index_fill(-1, torch.tensor([mask_id]), float("-inf")).argmax(-1)
+    probs = torch.softmax(logits.double(), dim=-1)
+    confidence = probs.gather(-1, x0.unsqueeze(-1)).squeeze(-1)
+    confidence = torch.where(mask_index, confidence, torch.tensor(-float("inf"), dtype=torch.float64))
+    x0 = torch.where(mask_index, x0, region)
+    transfer = torch.zeros_like(mask_index)
+    counts = mask_index.sum(1) if threshold is not None else quota
+    for row in range(confidence.shape[0]):
+        values, top = torch.topk(confidence[row], k=int(counts[row]))
+        keep = torch.ones_like(top, dtype=torch.bool)
+        if threshold is not None:
+            keep[1:] = values[1:] >= threshold
+        transfer[row, top[keep]] = True
+    region[transfer] = x0[transfer]
+
+
+@torch.no_grad()
+def fast_dllm_generate(
+    model, prompt, steps, gen_length, block_length, cache, threshold=None, mask_id=MASK_ID
+):
+    """A port of Fast-dLLM's ``generate_with_prefix_cache`` / ``generate_with_dual_cache`` (LLaDA), greedy, on
+    a native transformers decoder (bidirectional through an all-zero 4D mask, no padding).
+
+    Per block: one pass over the whole canvas decodes the first step and gives every key/value; the cache
+    keeps the keys/values before the block (prefix) or before and after it (dual: the block's slice is cut out
+    and its fresh keys/values are appended at every step). Later steps run the block and the suffix (prefix)
+    or the block alone (dual) against a fresh copy of that cache. Returns ``(x, nfe)``.
+    """
+    batch, prompt_len = prompt.shape
+    x = torch.full((batch, prompt_len + gen_length), mask_id, dtype=torch.long)
+    x[:, :prompt_len] = prompt
+    positions = torch.arange(x.shape[1]).unsqueeze(0).expand(batch, -1)
+    keyword = cache_keyword(model)
+    steps_per_block = steps // (gen_length // block_length)
+    nfe = 0
+    for start in range(prompt_len, x.shape[1], block_length):
+        end = start + block_length
+        counts = (x[:, start:end] == mask_id).sum(1, keepdim=True)
+        schedule = (
+            counts // steps_per_block
+            + (torch.arange(steps_per_block).unsqueeze(0) < (counts % steps_per_block)).long()
+        )
+        full = DynamicCache(config=model.config)
+        zeros = torch.zeros(batch, 1, x.shape[1], x.shape[1])
+        logits = model(
+            input_ids=x, attention_mask=zeros, position_ids=positions, use_cache=True, **{keyword: full}
+        ).logits
+        mask_index = x == mask_id
+        mask_index[:, end:] = False
+        _fast_dllm_transfer(logits, x, mask_index, schedule[:, 0], threshold, mask_id)
+        nfe += 1
+        layers = [(layer.keys, layer.values) for layer in full.layers]
+        if cache == "prefix":
+            kept = [(k[:, :, :start], v[:, :, :start]) for k, v in layers]
+            window = (start, x.shape[1])
+        else:
+            kept = [
+                (
+                    torch.cat([k[:, :, :start], k[:, :, end:]], 2),
+                    torch.cat([v[:, :, :start], v[:, :, end:]], 2),
+                )
+                for k, v in layers
+            ]
+            window = (start, end)
+        step = 1
+        while (x[:, start:end] == mask_id).any():
+            past = DynamicCache(ddp_cache_data=kept, config=model.config)
+            ids = x[:, window[0] : window[1]]
+            zeros = torch.zeros(batch, 1, ids.shape[1], kept[0][0].shape[2] + ids.shape[1])
+            logits = model(
+                input_ids=ids,
+                attention_mask=zeros,
+                position_ids=positions[:, window[0] : window[1]],
+                use_cache=True,
+                **{keyword: past},
+            ).logits
+            mask_index = ids == mask_id
+            mask_index[:, block_length:] = False
+            quota = schedule[:, step] if step < steps_per_block else mask_index.sum(1)
+            _fast_dllm_transfer(logits, x[:, window[0] : window[1]], mask_index, quota, threshold, mask_id)
+            nfe += 1
+            step += 1
+    return x, nfe
+
+
 class ForwardTimer:
     """Accumulates wall time spent inside the model's forward passes (hooks on the top module)."""
 
@@ -107,6 +198,52 @@ def best(times: list[float]) -> float:
     return min(times)  # least disturbed repetition on a shared machine
 
 
+def cache_accuracy(args) -> dict[str, float | int | str]:
+    """Accuracy (%) of exact and dual-cache greedy decoding of a trained teacher on held-out prompts of its
+    embedded task, in blocks of ``args.accuracy_block`` (several blocks per answer), at TokPS 1 and 2."""
+    from t3d_trl import AutoModelForDiffusionLM
+    from t3d_trl.demo.quickstart import PACKAGED_TEACHERS, QuickstartConfig
+    from t3d_trl.demo.tasks import get_task
+    from t3d_trl.evaluation.runner import generate_completions
+
+    task = get_task(args.task)
+    teacher = args.teacher or str(PACKAGED_TEACHERS / task.name)
+    model = AutoModelForDiffusionLM.from_pretrained(teacher).eval()
+    tokenizer = task.tokenizer()
+    # Held out: a seed the teacher's training rows (examples/train_demo_teacher.py) never used, and any prompt
+    # that also occurs among those rows dropped.
+    defaults = QuickstartConfig(task=task.name)
+    seen = {
+        row["prompt"]
+        for row in task.sample(
+            max(defaults.teacher_steps * defaults.batch_size // 4, 1000), seed=defaults.seed + 1
+        )
+    }
+    rows = [row for row in task.sample(4 * args.accuracy_prompts, seed=20_000) if row["prompt"] not in seen]
+    rows = rows[: args.accuracy_prompts]
+    if not rows:
+        raise SystemExit(
+            f"no held-out prompts: every {task.name} prompt occurs among the teacher's training rows"
+        )
+    messages = [row["prompt"] for row in rows]
+    result: dict[str, float | int | str] = {
+        "accuracy_teacher": f"{task.name} ({teacher})",
+        "accuracy_prompts": len(rows),
+    }
+    for k in (1, 2):
+        scores = {}
+        for cache in ("none", "dual"):
+            config = task.generation_config(tokens_per_step=k, block_length=args.accuracy_block, cache=cache)
+            completions = generate_completions(
+                model, tokenizer, messages, config, use_chat_template=False, batch_size=64, progress=False
+            ).completions
+            scores[cache] = 100 * sum(task.is_valid(m, c) for m, c in zip(messages, completions)) / len(rows)
+        result[f"exact_accuracy_tokps{k}"] = round(scores["none"], 2)
+        result[f"dual_cache_accuracy_tokps{k}"] = round(scores["dual"], 2)
+        result[f"dual_cache_accuracy_delta_tokps{k}"] = round(scores["none"] - scores["dual"], 2)
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -118,13 +255,20 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=32)
     parser.add_argument("--cache-gen-len", type=int, default=512)
     parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="a seconds-long smoke run of the whole script (the test suite runs it so); its figures mean nothing",
+        "--approx-prompt-len", type=int, default=256, help="approximate caches: prompt length"
     )
+    parser.add_argument("--approx-gen-len", type=int, default=256, help="approximate caches: new tokens")
+    parser.add_argument(
+        "--teacher", default=None, help="accuracy: trained bidirectional teacher (default: sort2)"
+    )
+    parser.add_argument("--task", default="sort2", help="accuracy: the embedded task of --teacher")
+    parser.add_argument("--accuracy-block", type=int, default=4, help="accuracy: decoding block length")
+    parser.add_argument("--accuracy-prompts", type=int, default=512, help="accuracy: held-out prompts")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, one repetition (seconds)")
     args = parser.parse_args()
     if args.quick:
-        args.reps, args.prompt_len, args.gen_len, args.block, args.cache_gen_len = 1, 8, 16, 8, 16
+        args.reps, args.prompt_len, args.gen_len, args.cache_gen_len = 1, 16, 32, 16
+        args.approx_prompt_len, args.approx_gen_len, args.accuracy_prompts = 32, 64, 32
     torch.set_num_threads(args.threads)
 
     model = build_model("bidirectional", args.quick)
@@ -185,6 +329,34 @@ def main() -> None:
         nocache_t.append(t)
         same_cache_tokens &= torch.equal(with_cache, without)
 
+    # 6. Approximate caches of a bidirectional model (Fast-dLLM): TokPS 1, blocks of 32, interleaved.
+    approx_prompt = torch.randint(
+        0, 8000, (1, args.approx_prompt_len), generator=torch.Generator().manual_seed(2)
+    )
+    approx_args = dict(max_new_tokens=args.approx_gen_len, block_length=args.block, stop_at_eos=False)
+    approx_t = {"none": [], "prefix": [], "dual": []}
+    approx_out = {}
+    for _ in range(args.reps):
+        for cache in approx_t:
+            t, approx_out[cache] = timed(
+                lambda cache=cache: model.diffusion_generate(
+                    approx_prompt, tokens_per_step=1, cache=cache, **approx_args
+                )
+            )
+            approx_t[cache].append(t)
+    steps = args.approx_gen_len
+    port_identical = {}
+    for cache in ("prefix", "dual"):
+        port, _ = fast_dllm_generate(model, approx_prompt, steps, args.approx_gen_len, args.block, cache)
+        port_identical[cache] = torch.equal(port, approx_out[cache])
+    agree = {
+        cache: float((approx_out[cache] == approx_out["none"])[:, args.approx_prompt_len :].float().mean())
+        for cache in ("prefix", "dual")
+    }
+
+    # 7. Accuracy cost of the dual cache on a trained multi-block bidirectional teacher.
+    accuracy = cache_accuracy(args)
+
     tokps1 = best(tokps_t[1])
     result = {
         "model_params": params,
@@ -199,6 +371,13 @@ def main() -> None:
         "dynamic_nfe": int(dynamic_out.nfe[0]),
         "static_tokens_per_s": round(args.gen_len / tokps1, 1),
         "dynamic_tokens_per_s": round(args.gen_len / dyn_wall, 1),
+        "prefix_cache_speedup": round(best(approx_t["none"]) / best(approx_t["prefix"]), 2),
+        "dual_cache_speedup": round(best(approx_t["none"]) / best(approx_t["dual"]), 2),
+        "prefix_cache_identical_to_port": port_identical["prefix"],
+        "dual_cache_identical_to_port": port_identical["dual"],
+        "prefix_cache_agreement_random_model": round(agree["prefix"], 4),
+        "dual_cache_agreement_random_model": round(agree["dual"], 4),
+        **accuracy,
     }
     print()
     print(f"{'measure':<44}{'value':>12}{'target':>12}")
@@ -214,6 +393,29 @@ def main() -> None:
             ">= 5",
         ),
         ("  identical tokens", str(same_cache_tokens), "True"),
+        (
+            f"wall(no cache) / wall(prefix), {args.approx_prompt_len}+{args.approx_gen_len}",
+            f"{result['prefix_cache_speedup']:.2f}",
+            ">= 2.5",
+        ),
+        (
+            f"wall(no cache) / wall(dual), {args.approx_prompt_len}+{args.approx_gen_len}",
+            f"{result['dual_cache_speedup']:.2f}",
+            ">= 5",
+        ),
+        (
+            "  prefix / dual identical to Fast-dLLM port",
+            f"{port_identical['prefix']} / {port_identical['dual']}",
+            "True",
+        ),
+        *[
+            (
+                f"dual cache accuracy loss, TokPS {k} (points)",
+                f"{accuracy[f'dual_cache_accuracy_delta_tokps{k}']:.2f}",
+                "<= 1",
+            )
+            for k in (1, 2)
+        ],
         (
             "static TokPS 1: NFE / tokens per s",
             f"{result['static_nfe']} / {result['static_tokens_per_s']}",

@@ -307,3 +307,28 @@ def test_generate_and_eval_take_an_adapter_folder(saved_models, benchmark_files,
     assert main(small_grid([f"lora={adapter}"], benchmark_files, output)) == 0
     saved = json.loads((output / "results.json").read_text())
     assert [e["model"] for e in saved["results"]] == ["lora"]
+
+
+def test_generate_and_eval_take_the_cache_setting(saved_models, capsys):
+    path = saved_models["llada-like"]
+    argv = ["generate", "--model", path, "--prompt", "What is 2+2?", "--max_new_tokens", "8"]
+    argv += ["--block_length", "4", "--tokens_per_step", "1", "--schedule", "sdar"]
+    assert main([*argv, "--cache", "dual"]) == 0
+    model, tokenizer = load_model(path)
+    config = model.diffusion_generation_config.update(
+        max_new_tokens=8, block_length=4, tokens_per_step=1, schedule="sdar", cache="dual"
+    )
+    message = format_user_message("plain", {"problem": "What is 2+2?"})
+    expected = generate_completions(model, tokenizer, [message], config, progress=False)
+    assert capsys.readouterr().out == expected.completions[0] + "\n"
+    with pytest.raises(SystemExit):
+        main([*argv, "--cache", "full"])
+    assert "invalid choice: 'full'" in capsys.readouterr().err
+    # A block-causal model has its exact cache: the approximate one is refused with the reason.
+    causal = ["generate", "--model", saved_models["sdar-like"], "--prompt", "hi", "--cache", "prefix"]
+    assert main([*causal, "--max_new_tokens", "8"]) == 2
+    assert "block-causal models decode with their exact block cache" in capsys.readouterr().err
+    assert EvalConfig(models=["m"], cache="dual", schedule="dream").generation_kwargs() == {
+        "cache": "dual",
+        "schedule": "dream",
+    }

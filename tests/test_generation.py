@@ -312,3 +312,180 @@ def test_generation_config_object_and_overrides(tokenizer):
     b = model.diffusion_generate(input_ids, attention_mask, generation_config=config, tokens_per_step=1)
     assert torch.equal(a, b)  # 8 steps over 2 blocks of 4 = one token per step
     assert config.steps == 8  # overrides never mutate the caller's config
+
+
+def _bench_module():
+    """``benchmarks/bench_generation.py``, which holds the independent ports of the upstream samplers."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_generation.py"
+    spec = importlib.util.spec_from_file_location("bench_generation", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _varied_model(tokenizer, shift_logits: bool = False):
+    """A tiny bidirectional model with large random weights, so that its predictions depend on the context
+    (with the default initialisation it proposes one token everywhere and no approximation shows)."""
+    model = build_bidirectional_model(tokenizer, initializer_range=0.5)
+    diffusion = model.diffusion_config
+    diffusion.shift_logits = shift_logits
+    diffusion.save_to_model_config(model.config)
+    return model
+
+
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+@pytest.mark.parametrize(("tokens_per_step", "threshold"), [(1, None), (2, None), (None, 0.5)])
+def test_approximate_caches_match_the_fast_dllm_port(tokenizer, cache, tokens_per_step, threshold):
+    bench = _bench_module()
+    model = _varied_model(tokenizer)
+    mask_id = tokenizer.mask_token_id
+    prompt = torch.randint(5, 100, (2, 9), generator=torch.Generator().manual_seed(3))
+    settings = dict(max_new_tokens=16, block_length=8, stop_at_eos=False, return_dict_in_generate=True)
+    budget = dict(tokens_per_step=tokens_per_step) if threshold is None else dict(threshold=threshold)
+    ours = model.diffusion_generate(prompt, cache=cache, **budget, **settings)
+    steps = 16 // (tokens_per_step or 1)
+    port, port_nfe = bench.fast_dllm_generate(model, prompt, steps, 16, 8, cache, threshold, mask_id=mask_id)
+    assert torch.equal(ours.sequences, port)
+    # The port counts a step while any row has masks left in the block; ours counts per row.
+    assert int(ours.nfe.max()) <= port_nfe and (threshold is not None or ours.nfe.tolist() == [port_nfe] * 2)
+    if threshold is not None:
+        assert 2 < int(ours.nfe.min()) < 16  # the threshold commits several tokens in some steps, not all
+    exact = model.diffusion_generate(prompt, **budget, **settings)
+    if tokens_per_step == 1:
+        assert not torch.equal(exact.sequences, port)  # the cache is an approximation: the test can fail
+
+
+@pytest.mark.parametrize("shift_logits", [False, True])
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+def test_cached_step_on_an_unchanged_canvas_gives_exact_logits(tokenizer, cache, shift_logits):
+    # Keys/values cached at the block's first pass are exact as long as the canvas has not changed since, so
+    # a second step on the same canvas must reproduce the full pass; with shifted logits (Dream) the first
+    # block token is read from the position before the block.
+    model = _varied_model(tokenizer, shift_logits)
+    input_ids, attention_mask = _batch(tokenizer)
+    canvas = layout_canvas(input_ids, attention_mask.bool(), model.diffusion_config, 4, 12, 0)
+    exact = BlockRunner(model, model.diffusion_config, canvas, use_cache=True)
+    cached = BlockRunner(model, model.diffusion_config, canvas, use_cache=True, approximate=cache)
+    x = canvas.tokens.clone()
+    for start, end in canvas.blocks:
+        first = cached.block_logits(x, start, end)
+        again = cached.block_logits(x, start, end)
+        reference = exact.block_logits(x, start, end)
+        torch.testing.assert_close(first, reference, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(again, reference, rtol=1e-4, atol=1e-5)
+        x[:, start:end] = torch.randint(
+            5, 100, (x.shape[0], end - start), generator=torch.Generator().manual_seed(start)
+        )
+    # After a commit inside the block the cached keys/values are stale: the cache is an approximation.
+    start, end = canvas.blocks[-1]
+    x[:, end - 1] = tokenizer.mask_token_id
+    stale = cached.block_logits(x, start, end)
+    assert not torch.allclose(stale, exact.block_logits(x, start, end), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+def test_approximate_cache_left_padded_batch_and_single_step_blocks(tokenizer, cache):
+    model = _varied_model(tokenizer)
+    input_ids, attention_mask = _batch(tokenizer)
+    settings = dict(max_new_tokens=12, block_length=4, stop_at_eos=False, cache=cache)
+    batched = model.diffusion_generate(input_ids, attention_mask, tokens_per_step=1, **settings)
+    for row, prompt in enumerate(PROMPTS):
+        single = model.diffusion_generate(
+            tokenizer(prompt, return_tensors="pt").input_ids, tokens_per_step=1, **settings
+        )
+        assert torch.equal(single[0, -12:], batched[row, -12:])
+    # One step per block runs only the refreshing full passes: exactly the exact decoding.
+    whole = model.diffusion_generate(input_ids, attention_mask, tokens_per_step=4, **settings)
+    exact = model.diffusion_generate(
+        input_ids, attention_mask, tokens_per_step=4, **{**settings, "cache": "none"}
+    )
+    assert torch.equal(whole, exact)
+
+
+def test_approximate_cache_is_refused_where_it_does_not_apply(tokenizer):
+    input_ids, attention_mask = _batch(tokenizer)
+    with pytest.raises(ValueError, match="cache must be one of \\('none', 'prefix', 'dual'\\), got 'full'"):
+        DiffusionGenerationConfig(cache="full")
+    causal = build_block_causal_model(tokenizer)
+    with pytest.raises(ValueError, match="block-causal models decode with their exact block cache"):
+        causal.diffusion_generate(input_ids, attention_mask, max_new_tokens=8, cache="dual")
+    encoder = build_modernbert_model(tokenizer)
+    with pytest.raises(ValueError, match="cache='prefix' needs a decoder .* encoder MLM"):
+        encoder.diffusion_generate(input_ids, attention_mask, max_new_tokens=8, cache="prefix")
+
+
+def test_family_schedules():
+    # Dream's rule, worked by hand from linspace(1, 1e-3, 9): int(16 * 0.124875) = 1, int(15 * 0.142694) = 2, ...
+    assert transfer_schedule(torch.tensor([16]), 8, "dream").tolist() == [[1, 2, 2, 2, 2, 2, 2, 3]]
+    # One token per step: int(n * (1 - s/t)) rounds the early steps down to 0; the last step takes the rest.
+    dream = transfer_schedule(torch.tensor([8, 5, 0]), 8, "dream")
+    assert dream.sum(-1).tolist() == [8, 5, 0] and dream[0, 0] == 0
+    # SDAR splits the block length, not the masks left: a first block holding 3 prompt tokens (5 masks in 8)
+    # commits 4 then 1 at TokPS 4, where the LLaDA rule commits 3 then 2.
+    assert transfer_schedule(torch.tensor([5, 8, 1]), 2, "sdar", block_length=8).tolist() == [
+        [4, 1],
+        [4, 4],
+        [1, 0],
+    ]
+    assert transfer_schedule(torch.tensor([5]), 2).tolist() == [[3, 2]]
+    with pytest.raises(ValueError, match="schedule must be one of"):
+        DiffusionGenerationConfig(schedule="cosine")
+
+
+def dream_reference_generate(model, prompt, steps, gen_length, mask_id, entropy=False):
+    """A port of Dream's ``diffusion_generate`` (``_sample``), greedy, no padding: one canvas, timesteps
+    ``linspace(1, eps, steps + 1)``, logits shifted right by one, ``maskgit_plus`` (or ``entropy``) confidence,
+    the ``int(n * (1 - s / t))`` most confident masked positions committed per step."""
+    x = torch.cat([prompt, torch.full((prompt.shape[0], gen_length), mask_id)], dim=1)
+    attention = torch.zeros(x.shape[0], 1, x.shape[1], x.shape[1])
+    positions = torch.arange(x.shape[1]).unsqueeze(0).expand(x.shape[0], -1)
+    timesteps = torch.linspace(1, 1e-3, steps + 1)
+    for i in range(steps):
+        mask_index = x == mask_id
+        logits = model(input_ids=x, attention_mask=attention, position_ids=positions).logits
+        logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+        mask_logits = logits[mask_index]
+        probs = torch.softmax(mask_logits, dim=-1)
+        # A trained model never proposes the mask token; a random one may, so both samplers exclude it.
+        x0 = probs.index_fill(-1, torch.tensor([mask_id]), -1.0).argmax(-1)
+        confidence = probs.gather(-1, x0.unsqueeze(-1)).squeeze(-1)
+        if entropy:
+            confidence = (probs * torch.log(probs + 1e-10)).sum(-1)
+        t, s = timesteps[i], timesteps[i + 1]
+        num_mask_token = mask_index.sum() / mask_index.shape[0]
+        count = int(num_mask_token * (1 - s / t)) if i < steps - 1 else int(num_mask_token)
+        full_confidence = torch.full(x.shape, -torch.inf)
+        full_confidence[mask_index] = confidence
+        if count > 0:
+            _, transfer = torch.topk(full_confidence, count)
+            proposal = torch.full_like(x, mask_id)
+            proposal[mask_index] = x0
+            rows = torch.arange(x.shape[0]).unsqueeze(1).expand_as(transfer)
+            x[rows, transfer] = proposal[rows, transfer]
+    return x
+
+
+@pytest.mark.parametrize(("gen_length", "steps"), [(16, 8), (24, 6), (16, 16)])
+@pytest.mark.parametrize("remasking", ["low_confidence", "entropy"])
+def test_dream_schedule_matches_dreams_sampler(tokenizer, gen_length, steps, remasking):
+    model = _varied_model(tokenizer, shift_logits=True)
+    mask_id = tokenizer.mask_token_id
+    prompt = torch.randint(5, 100, (2, 7), generator=torch.Generator().manual_seed(1))
+    ours = model.diffusion_generate(
+        prompt,
+        max_new_tokens=gen_length,
+        steps=steps,
+        schedule="dream",
+        remasking=remasking,
+        stop_at_eos=False,
+    )
+    reference = dream_reference_generate(model, prompt, steps, gen_length, mask_id, remasking == "entropy")
+    assert torch.equal(ours, reference)
+    if steps < gen_length:  # the even split commits other tokens: the comparison can fail
+        even = model.diffusion_generate(
+            prompt, max_new_tokens=gen_length, steps=steps, remasking=remasking, stop_at_eos=False
+        )
+        assert not torch.equal(even, reference)

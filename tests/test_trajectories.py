@@ -201,6 +201,19 @@ def test_dynamic_collection_is_recorded_and_valid(tmp_path, tokenizer, block_cau
     assert any(len(set(steps)) < len(steps) for steps in dataset["decode_step"])
 
 
+def test_approximate_cache_collection_says_so(tmp_path, tokenizer, bidirectional_model, caplog):
+    config = DiffusionGenerationConfig(max_new_tokens=8, block_length=4, tokens_per_step=1, cache="dual")
+    with caplog.at_level(logging.WARNING):
+        dataset = collect(bidirectional_model, tokenizer, tmp_path / "dual", generation_config=config)
+    metadata = TrajectoryMetadata.from_dataset(dataset)
+    assert metadata.cache == "dual" and metadata.approximate and metadata.schedule == "llada"
+    assert "cache='dual' is approximate" in caplog.text
+    exact = collect(
+        bidirectional_model, tokenizer, tmp_path / "exact", generation_config=config.update(cache="none")
+    )
+    assert not TrajectoryMetadata.from_dataset(exact).approximate
+
+
 # --- resume and scale-out ----------------------------------------------------------------------------------
 
 SAMPLED = dict(max_new_tokens=8, block_length=4, steps=8, temperature=1.0)

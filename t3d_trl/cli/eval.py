@@ -71,6 +71,16 @@ class EvalConfig:
     remasking: str | None = field(
         default=None, metadata={"help": "remasking rule (unset: the model's saved setting)"}
     )
+    schedule: str | None = field(
+        default=None,
+        metadata={
+            "help": "llada, sdar or dream: how a block's masks split over steps (unset: saved setting)"
+        },
+    )
+    cache: str | None = field(
+        default=None,
+        metadata={"help": "none, prefix or dual: Fast-dLLM approximate cache of bidirectional models"},
+    )
     limit: int | None = field(
         default=None, metadata={"help": "evaluate the first N problems of each benchmark"}
     )
@@ -106,6 +116,8 @@ class EvalConfig:
             "max_new_tokens": self.max_new_tokens,
             "temperature": self.temperature,
             "remasking": self.remasking,
+            "schedule": self.schedule,
+            "cache": self.cache,
         }
         return {key: value for key, value in values.items() if value is not None}
 

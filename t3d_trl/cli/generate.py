@@ -15,7 +15,7 @@ import sys
 
 from transformers.hf_argparser import string_to_bool
 
-from ..generation.configuration import DYNAMIC_RULES, REMASKING
+from ..generation.configuration import CACHES, DYNAMIC_RULES, REMASKING, SCHEDULES
 
 # Decoding flags: DiffusionGenerationConfig field -> (type, help).
 _DECODING = {
@@ -67,6 +67,18 @@ def build_parser() -> argparse.ArgumentParser:
     decoding.add_argument(
         "--dynamic_rule", choices=DYNAMIC_RULES, default=argparse.SUPPRESS, help="how --threshold decodes"
     )
+    decoding.add_argument(
+        "--schedule",
+        choices=SCHEDULES,
+        default=argparse.SUPPRESS,
+        help="how a block's masks split over steps",
+    )
+    decoding.add_argument(
+        "--cache",
+        choices=CACHES,
+        default=argparse.SUPPRESS,
+        help="bidirectional models: Fast-dLLM approximate key/value cache",
+    )
     return parser
 
 
@@ -74,7 +86,9 @@ def main(argv: list[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     overrides = {
-        name: getattr(args, name) for name in [*_DECODING, "remasking", "dynamic_rule"] if hasattr(args, name)
+        name: getattr(args, name)
+        for name in [*_DECODING, "remasking", "dynamic_rule", "schedule", "cache"]
+        if hasattr(args, name)
     }
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
 

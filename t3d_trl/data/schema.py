@@ -63,6 +63,11 @@ class TrajectoryMetadata:
         t3d_trl_version: package version that collected the data.
         threshold: confidence threshold of dynamic decoding; ``None`` for static decoding. With dynamic
             decoding ``decode_step`` counts each row's own steps, so only its order across blocks is checked.
+        schedule: how static decoding split each block's masks over its steps (``llada``, ``sdar``, ``dream``;
+            see :class:`~t3d_trl.DiffusionGenerationConfig`).
+        cache: ``none`` when every step saw the exact canvas (the block-causal cache is exact); ``prefix`` or
+            ``dual`` when the teacher decoded with Fast-dLLM's approximate cache, so later steps of a block
+            saw keys/values computed at the block's first step (see :attr:`approximate`).
     """
 
     teacher: str
@@ -81,6 +86,8 @@ class TrajectoryMetadata:
     teacher_revision: str | None = None
     t3d_trl_version: str = ""
     threshold: float | None = None
+    schedule: str = "llada"
+    cache: str = "none"
 
     def __post_init__(self) -> None:
         if self.attention not in ("bidirectional", "block_causal"):
@@ -88,6 +95,11 @@ class TrajectoryMetadata:
         for name in ("block_length", "steps_per_block", "max_new_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+
+    @property
+    def approximate(self) -> bool:
+        """Whether the teacher decoded with an approximate key/value cache (not its exact distribution)."""
+        return self.cache != "none"
 
     @property
     def dynamic(self) -> bool:

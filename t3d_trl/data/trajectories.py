@@ -424,6 +424,11 @@ def _teacher_settings(
     config = config.update(
         block_length=block_length, eos_token_id=eos_ids, return_dict_in_generate=True, output_history=False
     )
+    if config.cache != "none":
+        logger.warning(
+            f"cache={config.cache!r} is approximate: later steps of a block see keys/values computed at its first "
+            "step, so the trajectories are not the teacher's exact decoding (the metadata records it)"
+        )
     chat = use_chat_template and bool(getattr(tokenizer, "chat_template", None))
     if use_chat_template and not chat:
         logger.warning("the tokenizer has no chat template: prompts are the raw user messages")
@@ -444,6 +449,8 @@ def _teacher_settings(
         eos_token_ids=eos_ids,
         t3d_trl_version=__version__,
         threshold=config.threshold,
+        schedule=config.schedule,
+        cache=config.cache,
     )
     return config, metadata
 

@@ -10,6 +10,8 @@ from ..utils import dataclass_from_dict
 CONFIG_KEY = "diffusion_generation"
 REMASKING = ("low_confidence", "random", "entropy", "margin")
 DYNAMIC_RULES = ("threshold", "threshold_topup")
+SCHEDULES = ("llada", "sdar", "dream")
+CACHES = ("none", "prefix", "dual")
 
 
 @dataclass
@@ -38,12 +40,25 @@ class DiffusionGenerationConfig:
             whose score is at or above ``threshold``, and at least the single best one; repeat until the
             block is full. ``threshold_topup`` (the T3D reference engine): commit everything above the
             threshold and top up to the static per-step quota.
+        schedule: how a static block's masks are split over its steps. ``llada`` (default): each step commits
+            ``m // s`` of the block's ``m`` masks, the first ``m % s`` steps one more. ``sdar`` (SDAR's
+            ``generate.py``): each step commits ``block_length // s`` (the first ``block_length % s`` steps one
+            more) until the block is full, so a first block shared with the prompt's tail finishes early.
+            ``dream`` (Dream's ``diffusion_generate``, the default of Dream checkpoints): with timesteps
+            ``linspace(1, 1e-3, s + 1)``, step ``i`` commits ``int(n * (1 - t[i+1] / t[i]))`` of the ``n`` masks
+            left and the last step all the rest.
+        cache: approximate key/value cache of bidirectional models (Fast-dLLM). ``none``: every step runs the
+            whole canvas (exact). ``prefix``: the first step of a block runs the whole canvas and caches the
+            keys/values before the block; later steps run the block and everything after it. ``dual``: the
+            first step caches the keys/values before and after the block; later steps run the block alone.
+            Block-causal models always use their exact block cache (``use_cache``) and refuse ``prefix``/``dual``.
         eos_token_id: id(s) that end a completion. ``None``: read from the model's config.
         pad_token_id: id written after the end of a finished completion. ``None``: the first EOS id.
         stop_at_eos: once a row has an EOS with every position before it decoded, fill the rest of its
             canvas with ``pad_token_id`` and stop spending steps on it; stop when every row is finished. With
             ``False`` the whole canvas is decoded and returned as is (the LLaDA reference behaviour).
-        use_cache: decode block-causal models with a block KV cache (bidirectional models ignore it).
+        use_cache: decode block-causal models with their exact block KV cache (bidirectional models: see
+            ``cache``).
         return_dict_in_generate: return a :class:`DiffusionGenerationOutput` instead of a tensor.
         output_history: also return the canvas after every step (needs ``return_dict_in_generate``).
     """
@@ -58,6 +73,8 @@ class DiffusionGenerationConfig:
     remasking: Literal["low_confidence", "random", "entropy", "margin"] = "low_confidence"
     threshold: float | None = None
     dynamic_rule: Literal["threshold", "threshold_topup"] = "threshold"
+    schedule: Literal["llada", "sdar", "dream"] = "llada"
+    cache: Literal["none", "prefix", "dual"] = "none"
     eos_token_id: int | list[int] | None = None
     pad_token_id: int | None = None
     stop_at_eos: bool = True
@@ -92,6 +109,10 @@ class DiffusionGenerationConfig:
             raise ValueError(f"remasking must be one of {REMASKING}, got {self.remasking!r}")
         if self.dynamic_rule not in DYNAMIC_RULES:
             raise ValueError(f"dynamic_rule must be one of {DYNAMIC_RULES}, got {self.dynamic_rule!r}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if self.cache not in CACHES:
+            raise ValueError(f"cache must be one of {CACHES}, got {self.cache!r}")
         if self.threshold is not None:
             if not 0 < self.threshold <= 1:
                 raise ValueError(f"threshold must be in (0, 1], got {self.threshold}")

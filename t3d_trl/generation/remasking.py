@@ -11,17 +11,39 @@ from __future__ import annotations
 import torch
 
 
-def transfer_schedule(num_masked: torch.Tensor, steps: int) -> torch.Tensor:
-    """Tokens to commit at each of ``steps`` steps for blocks holding ``num_masked`` masks (LLaDA rule).
+def transfer_schedule(
+    num_masked: torch.Tensor, steps: int, schedule: str = "llada", block_length: int | None = None
+) -> torch.Tensor:
+    """Tokens to commit at each of ``steps`` steps for blocks holding ``num_masked`` masks.
 
-    Every step commits ``m // steps`` tokens and the first ``m % steps`` steps one more, so the block is full
-    after exactly ``steps`` steps. Returns ``[B, steps]`` long.
+    ``llada`` (LLaDA's ``get_num_transfer_tokens``): every step commits ``m // steps`` tokens and the first
+    ``m % steps`` steps one more. ``sdar`` (SDAR's ``generate.py``): the same split of ``block_length`` instead
+    of ``m``, capped by the masks left, so a block partly filled by the prompt finishes in fewer steps.
+    ``dream`` (Dream's ``diffusion_generate``): with timesteps ``t = linspace(1, 1e-3, steps + 1)`` in float32,
+    step ``i`` commits ``int(n_i * (1 - t[i+1] / t[i]))`` of the ``n_i`` masks left and the last step the rest
+    (the counts grow along the block, e.g. 1, 2, 2, 2, 2, 2, 2, 3 for 16 tokens in 8 steps).
+    Every rule commits all ``m`` masks over the ``steps`` steps. Returns ``[B, steps]`` long.
     """
-    base = num_masked.unsqueeze(1) // steps
-    extra = (
-        torch.arange(steps, device=num_masked.device).unsqueeze(0) < (num_masked % steps).unsqueeze(1)
-    ).long()
-    return base + extra
+    arange = torch.arange(steps, device=num_masked.device).unsqueeze(0)
+    if schedule == "llada":
+        base = num_masked.unsqueeze(1) // steps
+        return base + (arange < (num_masked % steps).unsqueeze(1)).long()
+    if schedule == "sdar":
+        if block_length is None:
+            raise ValueError("the sdar schedule needs block_length")
+        quota = (block_length // steps + (arange < block_length % steps).long()).expand(len(num_masked), -1)
+        before = quota.cumsum(-1) - quota
+        return torch.minimum(quota, (num_masked.unsqueeze(1) - before).clamp_min(0))
+    if schedule == "dream":
+        t = torch.linspace(1, 1e-3, steps + 1, device=num_masked.device)
+        left = num_masked.clone()
+        counts = []
+        for i in range(steps):
+            k = (left.float() * (1 - t[i + 1] / t[i])).long() if i < steps - 1 else left
+            counts.append(k)
+            left = left - k
+        return torch.stack(counts, dim=1)
+    raise ValueError(f"unknown schedule {schedule!r}")
 
 
 def filter_logits(logits: torch.Tensor, top_k: int | None, top_p: float | None) -> torch.Tensor:

@@ -32,7 +32,12 @@ from transformers import DynamicCache
 
 from ..models.diffusion_config import DiffusionConfig
 from ..models.forward import accepts_4d_mask, diffusion_forward
-from ..models.masks import block_attention_mask, padding_attention_mask, position_ids_from_valid
+from ..models.masks import (
+    additive_mask,
+    block_attention_mask,
+    padding_attention_mask,
+    position_ids_from_valid,
+)
 from .configuration import DiffusionGenerationConfig
 from .remasking import propose_tokens, select_dynamic, select_static, transfer_schedule
 
@@ -181,6 +186,17 @@ def diffusion_generate(
         raise ValueError(
             f"block-causal decoding needs a decoder that takes 4D masks; {type(model).__name__} does not"
         )
+    if config.cache != "none":
+        if diffusion.is_block_causal:
+            raise ValueError(
+                f"cache={config.cache!r} is the approximate cache of bidirectional models; block-causal models "
+                "decode with their exact block cache (use_cache=True, cache='none')"
+            )
+        if not accepts_4d_mask(model):
+            raise ValueError(
+                f"cache={config.cache!r} needs a decoder with a key/value cache; {type(model).__name__} is an "
+                "encoder MLM (use cache='none')"
+            )
     lengths = valid.sum(-1)
     max_positions = getattr(model.config, "max_position_embeddings", None)
     if max_positions is not None and int(lengths.max()) + config.max_new_tokens > max_positions:
@@ -194,7 +210,7 @@ def diffusion_generate(
         pad_id = eos_ids[0] if eos_ids else (getattr(model.config, "pad_token_id", None) or 0)
 
     canvas = layout_canvas(input_ids, valid, diffusion, block_length, config.max_new_tokens, pad_id)
-    runner = BlockRunner(model, diffusion, canvas, config.use_cache)
+    runner = BlockRunner(model, diffusion, canvas, config.use_cache, config.cache)
     x = canvas.tokens
     batch, total = x.shape
     mask_id = diffusion.mask_token_id
@@ -211,7 +227,7 @@ def diffusion_generate(
     for block_idx, (start, end) in enumerate(canvas.blocks):
         block = x[:, start:end]  # a view: commits write into x
         to_decode = gen_mask[:, start:end] & active.unsqueeze(1)
-        quota = transfer_schedule(to_decode.sum(-1), steps_per_block)
+        quota = transfer_schedule(to_decode.sum(-1), steps_per_block, config.schedule, end - start)
         step = 0
         while True:
             masked = (block == mask_id) & active.unsqueeze(1)
@@ -275,9 +291,24 @@ def _finished(
 
 
 class BlockRunner:
-    """Runs the model for one denoising step of a block, managing the block KV cache when there is one."""
+    """Runs the model for one denoising step of a block, managing the key/value cache when there is one.
 
-    def __init__(self, model: torch.nn.Module, diffusion: DiffusionConfig, canvas: Canvas, use_cache: bool):
+    Block-causal models: the exact block cache (see the module docstring). Bidirectional models with
+    ``cache="prefix"`` or ``"dual"`` (Fast-dLLM): the first forward pass of a block runs the whole canvas and
+    stores every key/value; later steps of the block run only the block (dual) or the block and everything after
+    it (prefix) against that cache, so the cached keys/values are those of the canvas at the block's start. The
+    query window starts one position early for shifted-logit models (Dream), whose first block token is read
+    from the position before it.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        diffusion: DiffusionConfig,
+        canvas: Canvas,
+        use_cache: bool,
+        approximate: str = "none",
+    ):
         self.model = model
         self.diffusion = diffusion
         self.canvas = canvas
@@ -285,6 +316,7 @@ class BlockRunner:
         self.dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
         self.is_decoder = accepts_4d_mask(model)
         self.cached = diffusion.is_block_causal and use_cache
+        self.approximate = "none" if diffusion.is_block_causal else approximate
         block = max(end - start for start, end in canvas.blocks) if canvas.blocks else 1
         self.block_ids = torch.arange(canvas.tokens.shape[1], device=canvas.tokens.device) // block
         self.full_mask = None
@@ -296,6 +328,8 @@ class BlockRunner:
             )
         self.cache = None
         self.cache_len = 0
+        self.cached_block: int | None = None  # approximate cache: start of the block it was refreshed for
+        self.window_mask: torch.Tensor | None = None
         if self.cached:
             self.cache = DynamicCache(config=model.config)
             if canvas.prefix > 0:
@@ -331,6 +365,8 @@ class BlockRunner:
     def block_logits(self, x: torch.Tensor, start: int, end: int) -> torch.Tensor:
         """Logits ``[B, end - start, V]`` for the tokens of the current block."""
         if not self.diffusion.is_block_causal:
+            if self.approximate != "none":
+                return self._approximate_logits(x, start, end)
             return diffusion_forward(
                 self.model,
                 self.diffusion,
@@ -350,3 +386,54 @@ class BlockRunner:
         self.cache.crop(-(end - start))
         self.cache_len = start
         return logits
+
+    def _approximate_logits(self, x: torch.Tensor, start: int, end: int) -> torch.Tensor:
+        total = x.shape[1]
+        q0 = start - 1 if self.diffusion.shift_logits and start > 0 else start
+        q1 = end if self.approximate == "dual" else total
+        if self.cached_block != start:
+            # First step of the block: one pass over the whole canvas refreshes every key/value.
+            self.cache = DynamicCache(config=self.model.config)
+            logits, _ = diffusion_forward(
+                self.model,
+                self.diffusion,
+                x,
+                self.full_mask,
+                self.canvas.position_ids,
+                keep=torch.arange(start, end, device=x.device),
+                cache=self.cache,
+                use_cache=True,
+            )
+            self.cached_block = start
+            if self.approximate == "prefix":
+                _keep_first(self.cache, q0)
+                self.window_mask = padding_attention_mask(self.canvas.valid, q1 - q0, self.dtype)
+            else:
+                # The window's fresh keys/values are appended after the cached canvas; its stale cached copies
+                # are hidden (attention does not depend on key order once positions are encoded).
+                keys = torch.cat([self.canvas.valid, self.canvas.valid[:, q0:q1]], dim=1)
+                keys[:, q0:q1] = False
+                allowed = keys.unsqueeze(1).expand(-1, q1 - q0, -1).clone()
+                allowed[:, :, total:] |= torch.eye(q1 - q0, dtype=torch.bool, device=x.device)
+                self.window_mask = additive_mask(allowed, self.dtype)
+            return logits
+        kept = self.cache.get_seq_length()
+        logits, _ = diffusion_forward(
+            self.model,
+            self.diffusion,
+            x[:, q0:q1],
+            self.window_mask,
+            self.canvas.position_ids[:, q0:q1],
+            keep=torch.arange(start - q0, end - q0, device=x.device),
+            cache=self.cache,
+            use_cache=True,
+        )
+        _keep_first(self.cache, kept)  # drop the window's keys/values: the cache stays as refreshed
+        return logits
+
+
+def _keep_first(cache: DynamicCache, length: int) -> None:
+    """Crop ``cache`` to its first ``length`` positions (``crop`` takes the number of positions to drop)."""
+    extra = cache.get_seq_length() - length
+    if extra > 0:
+        cache.crop(-extra)

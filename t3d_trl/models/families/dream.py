@@ -62,13 +62,14 @@ DREAM = ModelFamily(
     mask_tokens=("<|mask|>",),
     end_of_turn_tokens=("<|im_end|>",),
     # Dream-Instruct evaluation settings (dParallel eval.sh): one block of 256 tokens, one token per step,
-    # temperature 0.1, top-p 0.9, entropy-ordered unmasking.
+    # temperature 0.1, top-p 0.9, entropy-ordered unmasking; per-step counts by Dream's own timestep rule.
     generation_defaults={
         "max_new_tokens": 256,
         "tokens_per_step": 1,
         "temperature": 0.1,
         "top_p": 0.9,
         "remasking": "entropy",
+        "schedule": "dream",
     },
     chat_template=CHAT_TEMPLATE,
 )
