@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import string
 
 import pytest
@@ -22,6 +23,13 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<assistant>{% endif %}"
 )
 VOCAB_SIZE = 128
+
+
+def free_port() -> int:
+    """A free rendezvous port for a multi-process test: other test sessions may run torchrun too."""
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        return free.getsockname()[1]
 
 
 def build_tokenizer() -> PreTrainedTokenizerFast:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from conftest import build_bidirectional_model, build_trajectories
+from conftest import build_bidirectional_model, build_trajectories, free_port
 
 from t3d_trl import DiffusionGenerationConfig
 from t3d_trl.cli.main import main
@@ -38,13 +37,6 @@ def files(tokenizer, tmp_path):
         data_dir
     )
     return model_dir, data_dir
-
-
-def _free_port() -> int:
-    """A free rendezvous port: other test sessions may be running torchrun too."""
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        return free.getsockname()[1]
 
 
 def write_yaml(path: Path, values: dict) -> str:
@@ -84,7 +76,7 @@ def test_two_process_cli_run_matches_the_one_process_python_api(tokenizer, files
     # Two processes (gloo on the CPU), 2 rows each, launched by the command itself. `accelerate launch --cpu` starts
     # one process (multi-CPU wants MPI); a MULTI_GPU config starts torchrun workers, which run on the CPU here.
     launcher = {"distributed_type": "MULTI_GPU", "num_processes": 2, "num_machines": 1, "machine_rank": 0}
-    launcher["main_process_port"] = _free_port()
+    launcher["main_process_port"] = free_port()
     launcher.update(
         {"mixed_precision": "no", "dynamo_backend": "NO", "gpu_ids": "all", "main_training_function": "main"}
     )
@@ -137,7 +129,7 @@ def test_fsdp_on_cpu_processes_is_refused_not_trained_as_copies(files, tmp_path,
     launcher = yaml.safe_load(
         (Path(__file__).resolve().parents[1] / "recipes/accelerate/fsdp.yaml").read_text()
     )
-    launcher.update(use_cpu=True, num_processes=2, mixed_precision="no", main_process_port=_free_port())
+    launcher.update(use_cpu=True, num_processes=2, mixed_precision="no", main_process_port=free_port())
     assert main(["train", "--config", launch_recipe(files, tmp_path, "fsdp", launcher)]) != 0
     err = capfd.readouterr().err
     assert "asked for FSDP but accelerate set up MULTI_CPU" in err

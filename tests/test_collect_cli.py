@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 import yaml
+from conftest import free_port
 
 from t3d_trl import TrajectoryMetadata, load_trajectories
 from t3d_trl.cli.collect import CollectConfig, load_source_dataset
@@ -147,12 +148,8 @@ def _cli_worker(rank: int, port: int, argv: list[str], log_dir: str) -> None:
 
 @pytest.mark.skipif("fork" not in torch.multiprocessing.get_all_start_methods(), reason="needs fork")
 def test_two_processes_print_the_final_line_once(recipe, tmp_path):
-    import socket
-
     path, values = recipe
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        port = free.getsockname()[1]
+    port = free_port()
     argv = ["collect", "--config", str(path), "--batch_size", "1"]
     torch.multiprocessing.start_processes(
         _cli_worker, args=(port, argv, str(tmp_path)), nprocs=2, start_method="fork"

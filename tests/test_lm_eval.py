@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +11,7 @@ from pathlib import Path
 import lm_eval
 import pytest
 import torch
-from conftest import build_bidirectional_model, build_block_causal_model
+from conftest import build_bidirectional_model, build_block_causal_model, free_port
 from lm_eval.api.instance import Instance
 from lm_eval.tasks import TaskManager
 
@@ -163,9 +162,7 @@ def test_data_parallel_run_matches_one_process(tokenizer, task_dir, tmp_path):
     single = lm_eval.simple_evaluate(
         model="t3d", model_args=args, tasks=tasks, task_manager=task_dir, log_samples=True, device="cpu"
     )
-    with socket.socket() as free:  # a free rendezvous port: other test sessions may run torchrun too
-        free.bind(("127.0.0.1", 0))
-        port = free.getsockname()[1]
+    port = free_port()
     launch = [
         sys.executable,
         "-m",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 from collections import Counter
 from pathlib import Path
 
@@ -12,7 +11,13 @@ import datasets
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import build_bidirectional_model, build_block_causal_model, build_tokenizer, qwen3_config
+from conftest import (
+    build_bidirectional_model,
+    build_block_causal_model,
+    build_tokenizer,
+    free_port,
+    qwen3_config,
+)
 
 from t3d_trl import DiffusionGenerationConfig, TrajectoryMetadata, collect_trajectories, load_trajectories
 from t3d_trl.data.hub import trajectory_card
@@ -271,12 +276,6 @@ def test_resume_refuses_other_settings(tmp_path, tokenizer, bidirectional_model)
         collect(bidirectional_model, tokenizer, tmp_path, rows=ROWS[:4])
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _collect_worker(rank: int, world_size: int, port: int, output_dir: str) -> None:
     os.environ.update(
         RANK=str(rank),
@@ -305,7 +304,7 @@ def _collect_worker(rank: int, world_size: int, port: int, output_dir: str) -> N
 def test_two_processes_equal_one(tmp_path, tokenizer):
     # Two real processes joined by a gloo process group; forked, so they reuse this process's imports.
     torch.multiprocessing.start_processes(
-        _collect_worker, args=(2, _free_port(), str(tmp_path / "two")), nprocs=2, start_method="fork"
+        _collect_worker, args=(2, free_port(), str(tmp_path / "two")), nprocs=2, start_method="fork"
     )
     # Each process wrote its own batches (0 and 2 by rank 0, 1 by rank 1).
     assert len(list((tmp_path / "two" / "shards").glob("*.parquet"))) == 3
