@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--trajectories", metavar="PATH", help="trajectory dataset (folder or Hub repo id)")
     source.add_argument(
         "--task",
-        help="embedded demo task whose prompts the first model decodes (sort2, words, add, wordsort, wordorder)",
+        help="embedded demo task whose prompts the first model decodes (sort2, words, add, wordsort, wordorder, wordsort_bidirectional)",
     )
     parser.add_argument(
         "--num_prompts",

@@ -42,7 +42,10 @@ class QuickstartConfig:
     """Settings of the demo. ``fast`` shrinks every budget for a smoke run (the tests use it)."""
 
     task: str = field(
-        default="sort2", metadata={"help": "Embedded task family (sort2, words, add, wordsort, wordorder)."}
+        default="sort2",
+        metadata={
+            "help": "Embedded task family (sort2, words, add, wordsort, wordorder, wordsort_bidirectional)."
+        },
     )
     output_dir: str = field(default="t3d-quickstart", metadata={"help": "Where models, data and results go."})
     seed: int = field(default=0, metadata={"help": "Seed of data, training and decoding."})

@@ -22,6 +22,8 @@ Families (``DEMO_TASKS``):
   letter (32 tokens, 8 blocks of 4, one word per block; 2 modes). The first block fixes the direction and every
   later block is conditioned on the earlier ones (the next word in that order); letters of the first and the
   last word committed in one step spell no word. Its teacher is block-causal (SDAR-like, block size 4).
+* ``wordsort_bidirectional``: the same problems for a bidirectional teacher (LLaDA-like, full attention over
+  the canvas), decoded in 8 blocks of 4; the multi-block regime of the approximate (Fast-dLLM) caches.
 
 Each family has its own word-level tokenizer (:meth:`DemoTask.tokenizer`): one token per whitespace-separated
 word, the special tokens ``[PAD] [BOS] [EOS] [MASK] [UNK]`` (ids 0-4), left padding, no chat template, no
@@ -243,8 +245,17 @@ class WordOrder(WordSort):
         return [tuple("".join(prompt)), tuple("".join(prompt[::-1]))]
 
 
+class WordSortBidirectional(WordSort):
+    name = "wordsort_bidirectional"
+    description = (
+        "the wordsort problems for a bidirectional teacher (LLaDA-like): 32 tokens in 8 blocks of 4 "
+        "(2 valid answers)"
+    )
+    attention = "bidirectional"
+
+
 DEMO_TASKS: dict[str, DemoTask] = {
-    task.name: task for task in (Sort2(), Words(), Add(), WordSort(), WordOrder())
+    task.name: task for task in (Sort2(), Words(), Add(), WordSort(), WordOrder(), WordSortBidirectional())
 }
 
 

@@ -4,8 +4,9 @@ Layout. Prompts come left-padded (``[B, P]``). The generated region of every row
 mask tokens and is decoded in blocks of ``block_length`` tokens, left to right.
 
 * Bidirectional models (LLaDA, Dream, BERT-style): the canvas is ``[prompt | masks]`` and blocks start at
-  the end of the prompt (LLaDA reference semantics). Every step runs the whole canvas, but vocabulary
-  logits are computed for the current block only.
+  the end of the prompt (LLaDA reference semantics). Every step runs the whole canvas (or, with the
+  approximate ``cache="prefix"``/``"dual"``, a window of it), but vocabulary logits are computed only for the
+  current block's positions that some row still has masked.
 * Block-causal models (SDAR): attention blocks are aligned to absolute position 0 of each row, so the
   prompt's tail shares the first decoding block with the first masks; those prompt tokens are never
   masked or overwritten. Rows are re-laid so that their block boundaries coincide (extra left padding, a
@@ -238,10 +239,22 @@ def diffusion_generate(
             if config.threshold is None and int(static_quota.max()) == 0:
                 step += 1  # nothing scheduled for any row at this step: skip the forward pass
                 continue
-            logits = runner.block_logits(x, start, end)
-            x0, score = propose_tokens(
-                logits, config.temperature, config.remasking, config.top_k, config.top_p, generator, mask_id
+            # Vocabulary logits only where some row still has a mask: the LM head is a large share of a
+            # cached step, and decoded positions never change.
+            wanted = masked.any(0).nonzero().squeeze(1)
+            x0_wanted, score_wanted = propose_tokens(
+                runner.block_logits(x, start, end, wanted),
+                config.temperature,
+                config.remasking,
+                config.top_k,
+                config.top_p,
+                generator,
+                mask_id,
             )
+            x0 = block.clone()
+            x0[:, wanted] = x0_wanted
+            score = torch.full(block.shape, float("-inf"), device=device, dtype=score_wanted.dtype)
+            score[:, wanted] = score_wanted
             row_active = masked.any(-1)
             nfe += row_active.long()
             if config.threshold is None:
@@ -362,32 +375,30 @@ class BlockRunner:
         )
         return logits
 
-    def block_logits(self, x: torch.Tensor, start: int, end: int) -> torch.Tensor:
-        """Logits ``[B, end - start, V]`` for the tokens of the current block."""
+    def block_logits(
+        self, x: torch.Tensor, start: int, end: int, cols: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Logits ``[B, len(cols), V]`` for the tokens of the current block at block offsets ``cols`` (default:
+        all ``end - start`` of them)."""
+        if cols is None:
+            cols = torch.arange(end - start, device=x.device)
         if not self.diffusion.is_block_causal:
             if self.approximate != "none":
-                return self._approximate_logits(x, start, end)
+                return self._approximate_logits(x, start, end, cols)
             return diffusion_forward(
-                self.model,
-                self.diffusion,
-                x,
-                self.full_mask,
-                self.canvas.position_ids,
-                keep=torch.arange(start, end, device=x.device),
+                self.model, self.diffusion, x, self.full_mask, self.canvas.position_ids, keep=start + cols
             )[0]
         if not self.cached:
             # Reference path: the whole canvas up to the current block; later blocks are invisible anyway.
-            return self._forward(x, 0, end, keep=torch.arange(start, end, device=x.device), use_cache=False)
+            return self._forward(x, 0, end, keep=start + cols, use_cache=False)
         q_start = self.cache_len
-        logits = self._forward(
-            x, q_start, end, keep=torch.arange(start - q_start, end - q_start), use_cache=True
-        )
+        logits = self._forward(x, q_start, end, keep=start - q_start + cols, use_cache=True)
         # Keep the keys/values of finished blocks written by this pass; drop the current block's.
         self.cache.crop(-(end - start))
         self.cache_len = start
         return logits
 
-    def _approximate_logits(self, x: torch.Tensor, start: int, end: int) -> torch.Tensor:
+    def _approximate_logits(self, x: torch.Tensor, start: int, end: int, cols: torch.Tensor) -> torch.Tensor:
         total = x.shape[1]
         q0 = start - 1 if self.diffusion.shift_logits and start > 0 else start
         q1 = end if self.approximate == "dual" else total
@@ -400,7 +411,7 @@ class BlockRunner:
                 x,
                 self.full_mask,
                 self.canvas.position_ids,
-                keep=torch.arange(start, end, device=x.device),
+                keep=start + cols,
                 cache=self.cache,
                 use_cache=True,
             )
@@ -424,7 +435,7 @@ class BlockRunner:
             x[:, q0:q1],
             self.window_mask,
             self.canvas.position_ids[:, q0:q1],
-            keep=torch.arange(start - q0, end - q0, device=x.device),
+            keep=start - q0 + cols,
             cache=self.cache,
             use_cache=True,
         )
