@@ -301,7 +301,7 @@ def test_cli_task_mode_writes_json_and_figures(tmp_path, capsys):
     assert "TC (nats" in printed and "teacher" in printed and "student" in printed
 
 
-def test_cli_trajectories_mode_and_bad_block_length(tmp_path):
+def test_cli_trajectories_mode_and_bad_block_length(tmp_path, capsys):
     from t3d_trl import collect_trajectories
     from t3d_trl.cli.main import main
 
@@ -325,6 +325,12 @@ def test_cli_trajectories_mode_and_bad_block_length(tmp_path):
     assert main([*argv, "--output_dir", str(out)]) == 0
     result = json.loads((out / "total_correlation.json").read_text())["models"]["teacher"]
     assert result["num_states"] == 24 and result["block_length"] == 8
-    with pytest.raises(SystemExit) as exit_info:
-        main([*argv, "--block_length", "4", "--output_dir", str(out)])
-    assert exit_info.value.code == 2
+    capsys.readouterr()
+    assert main([*argv, "--block_length", "4", "--output_dir", str(out)]) == 2
+    err = capsys.readouterr().err  # progress bars, then the one-line error
+    assert (
+        err.splitlines()[-1].startswith("t3d-trl analyze: --block_length 4 differs")
+        and "Traceback" not in err
+    )
+    assert main(["analyze", "--model", teacher, "--task", "sort2", "--samples", "0"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == "t3d-trl analyze: --samples must be positive, got 0"

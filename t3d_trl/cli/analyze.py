@@ -89,16 +89,14 @@ def _named(specs: list[str]) -> dict[str, str]:
 def main(argv: list[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # Bad values are ValueErrors: the dispatcher prints them as one line (exit 2), like every other command.
     for name in ("num_prompts", "samples", "max_states", "batch_size"):
         if getattr(args, name) < 1:
-            parser.error(f"--{name} must be positive, got {getattr(args, name)}")
+            raise ValueError(f"--{name} must be positive, got {getattr(args, name)}")
     from ..demo import get_task
 
-    try:
-        models = _named(args.model)
-        task = get_task(args.task) if args.task else None
-    except ValueError as err:
-        parser.error(str(err))
+    models = _named(args.model)
+    task = get_task(args.task) if args.task else None
 
     from ..analysis import TotalCorrelationConfig, total_correlation
     from ..analysis.plots import plot_entropy, plot_tc_by_jump, plot_tc_heatmap
@@ -112,13 +110,10 @@ def main(argv: list[str]) -> int:
     )
     loaded = {name: load_model(path, args.dtype, args.device) for name, path in models.items()}
     with tempfile.TemporaryDirectory() as scratch:
-        try:
-            trajectories = _trajectories(args, task, loaded, scratch)
-        except ValueError as err:
-            parser.error(str(err))
+        trajectories = _trajectories(args, task, loaded, scratch)
         metadata = TrajectoryMetadata.from_dataset(trajectories)
         if args.trajectories and args.block_length not in (None, metadata.block_length):
-            parser.error(
+            raise ValueError(
                 f"--block_length {args.block_length} differs from the trajectories' block_length "
                 f"{metadata.block_length} (their decoding order is defined per block)"
             )
