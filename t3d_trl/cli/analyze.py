@@ -35,7 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--trajectories", metavar="PATH", help="trajectory dataset (folder or Hub repo id)")
     source.add_argument(
         "--task",
-        help="embedded demo task whose prompts the first model decodes (sort2, words, add, wordsort, wordorder, wordsort_bidirectional)",
+        # Not imported here to list them: the demo tasks load transformers, and --help stays fast without it.
+        help="embedded demo task whose prompts the first model decodes (a name of t3d_trl.demo.DEMO_TASKS, "
+        "e.g. sort2; an unknown name is refused with the list)",
     )
     parser.add_argument(
         "--num_prompts",

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from datasets import Dataset
 
-from .tasks import DemoTask, build_teacher, get_task
+from .tasks import DEMO_TASKS, DemoTask, build_teacher, get_task
 
 logger = logging.getLogger(__name__)
 
@@ -43,9 +43,7 @@ class QuickstartConfig:
 
     task: str = field(
         default="sort2",
-        metadata={
-            "help": "Embedded task family (sort2, words, add, wordsort, wordorder, wordsort_bidirectional)."
-        },
+        metadata={"help": f"Embedded task family ({', '.join(DEMO_TASKS)})."},
     )
     output_dir: str = field(default="t3d-quickstart", metadata={"help": "Where models, data and results go."})
     seed: int = field(default=0, metadata={"help": "Seed of data, training and decoding."})
