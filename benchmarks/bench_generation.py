@@ -397,6 +397,13 @@ def main() -> None:
         "dynamic_tokens_per_s": round(args.gen_len / dyn_wall, 1),
         "prefix_cache_speedup": round(best(approx_t["none"]) / best(approx_t["prefix"]), 2),
         "dual_cache_speedup": round(best(approx_t["none"]) / best(approx_t["dual"]), 2),
+        # Each repetition's own ratio (its runs are back to back): the spread of the figure on this machine.
+        **{
+            f"{cache}_cache_speedup_per_rep": [
+                round(n / c, 2) for n, c in zip(approx_t["none"], approx_t[cache], strict=True)
+            ]
+            for cache in ("prefix", "dual")
+        },
         "prefix_cache_identical_to_port": port_identical["prefix"],
         "dual_cache_identical_to_port": port_identical["dual"],
         "prefix_cache_agreement_random_model": round(agree["prefix"], 4),

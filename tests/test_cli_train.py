@@ -88,6 +88,7 @@ def test_two_process_cli_run_matches_the_one_process_python_api(tokenizer, files
     captured = capfd.readouterr()
     assert captured.out.count("model saved to") == 1  # not once per process
     assert "FutureWarning" not in captured.err and "pin_memory" not in captured.err
+    assert "find_unused_parameters" not in captured.err  # every parameter is used: DDP need not search
 
     out = tmp_path / "cli"
     log = json.loads((out / "trainer_state.json").read_text())["log_history"][0]

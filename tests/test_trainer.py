@@ -371,6 +371,10 @@ def test_config_defaults_follow_the_paper_and_work_on_cpu(tmp_path):
     assert args.activation_checkpointing is True and args.gradient_checkpointing is True  # TRL's default
     if not torch.accelerator.is_available():
         assert args.dataloader_pin_memory is False  # torch warns about pinned memory without an accelerator
+    # Every parameter is used by a diffusion forward: DDP's unused-parameter search (and its warning) is off,
+    # unless asked for.
+    assert args.ddp_find_unused_parameters is False
+    assert T3DConfig(output_dir=str(tmp_path), ddp_find_unused_parameters=True).ddp_find_unused_parameters
 
 
 # ---- multi-process launches and sharded references ------------------------------------------------------------

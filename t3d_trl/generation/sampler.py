@@ -29,12 +29,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache
+from transformers import Cache, DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from ..models.diffusion_config import DiffusionConfig
 from ..models.forward import accepts_4d_mask, diffusion_forward
 from ..models.masks import (
-    additive_mask,
     block_attention_mask,
     padding_attention_mask,
     position_ids_from_valid,
@@ -342,7 +342,6 @@ class BlockRunner:
         self.cache = None
         self.cache_len = 0
         self.cached_block: int | None = None  # approximate cache: start of the block it was refreshed for
-        self.window_mask: torch.Tensor | None = None
         if self.cached:
             self.cache = DynamicCache(config=model.config)
             if canvas.prefix > 0:
@@ -399,12 +398,11 @@ class BlockRunner:
         return logits
 
     def _approximate_logits(self, x: torch.Tensor, start: int, end: int, cols: torch.Tensor) -> torch.Tensor:
-        total = x.shape[1]
         q0 = start - 1 if self.diffusion.shift_logits and start > 0 else start
-        q1 = end if self.approximate == "dual" else total
+        q1 = end if self.approximate == "dual" else x.shape[1]
         if self.cached_block != start:
             # First step of the block: one pass over the whole canvas refreshes every key/value.
-            self.cache = DynamicCache(config=self.model.config)
+            self.cache = WindowCache()
             logits, _ = diffusion_forward(
                 self.model,
                 self.diffusion,
@@ -416,35 +414,53 @@ class BlockRunner:
                 use_cache=True,
             )
             self.cached_block = start
-            if self.approximate == "prefix":
-                _keep_first(self.cache, q0)
-                self.window_mask = padding_attention_mask(self.canvas.valid, q1 - q0, self.dtype)
-            else:
-                # The window's fresh keys/values are appended after the cached canvas; its stale cached copies
-                # are hidden (attention does not depend on key order once positions are encoded).
-                keys = torch.cat([self.canvas.valid, self.canvas.valid[:, q0:q1]], dim=1)
-                keys[:, q0:q1] = False
-                allowed = keys.unsqueeze(1).expand(-1, q1 - q0, -1).clone()
-                allowed[:, :, total:] |= torch.eye(q1 - q0, dtype=torch.bool, device=x.device)
-                self.window_mask = additive_mask(allowed, self.dtype)
             return logits
-        kept = self.cache.get_seq_length()
+        # Later steps: the window's fresh keys/values overwrite their cached copies in place, so the window's
+        # queries see the canvas as refreshed with the window itself up to date (Fast-dLLM's replace).
+        self.cache.window_start = q0
         logits, _ = diffusion_forward(
             self.model,
             self.diffusion,
             x[:, q0:q1],
-            self.window_mask,
+            self.full_mask[:, :, q0:q1],
             self.canvas.position_ids[:, q0:q1],
             keep=start - q0 + cols,
             cache=self.cache,
             use_cache=True,
         )
-        _keep_first(self.cache, kept)  # drop the window's keys/values: the cache stays as refreshed
         return logits
 
 
-def _keep_first(cache: DynamicCache, length: int) -> None:
-    """Crop ``cache`` to its first ``length`` positions (``crop`` takes the number of positions to drop)."""
-    extra = cache.get_seq_length() - length
-    if extra > 0:
-        cache.crop(-extra)
+class _WindowLayer(DynamicLayer):
+    """A key/value layer that appends (the refreshing full pass), then overwrites a window in place."""
+
+    window_start: int | None = None
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.window_start is None:
+            return super().update(key_states, value_states, *args, **kwargs)
+        end = self.window_start + key_states.shape[-2]
+        self.keys[..., self.window_start : end, :] = key_states
+        self.values[..., self.window_start : end, :] = value_states
+        return self.keys, self.values
+
+
+class WindowCache(Cache):
+    """The approximate (Fast-dLLM) cache: filled by one full pass, then each step's window of queries writes its
+    fresh keys/values over their cached copies at ``window_start`` and attends to the whole canvas. Writing in
+    place instead of appending and cropping saves a copy of every layer's cache per step and keeps the mask the
+    canvas's own."""
+
+    def __init__(self):
+        super().__init__(layer_class_to_replicate=_WindowLayer)
+
+    @property
+    def window_start(self) -> int | None:
+        return self.layers[0].window_start if self.layers else None
+
+    @window_start.setter
+    def window_start(self, start: int | None) -> None:
+        for layer in self.layers:
+            layer.window_start = start

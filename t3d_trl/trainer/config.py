@@ -182,6 +182,11 @@ class T3DConfig(_BaseConfig):
             self.bf16 = not self.use_cpu and is_torch_bf16_gpu_available()
         if self.activation_checkpointing is None and self.gradient_checkpointing is None:
             self.activation_checkpointing = True
+        # Every parameter takes part in every diffusion forward pass (the whole network runs on the canvas), so
+        # DDP need not search the graph for unused ones; transformers would otherwise turn that search on
+        # whenever activation checkpointing is off (or the model is a peft wrapper), and DDP warns every run.
+        if self.ddp_find_unused_parameters is None:
+            self.ddp_find_unused_parameters = False
         # Pinned memory only helps copies to an accelerator; without one torch warns on every dataloader.
         if self.use_cpu or not torch.accelerator.is_available():
             self.dataloader_pin_memory = False
