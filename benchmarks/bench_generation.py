@@ -220,7 +220,11 @@ def cache_accuracy(args) -> dict[str, float | int | str]:
             max(defaults.teacher_steps * defaults.batch_size // 4, 1000), seed=defaults.seed + 1
         )
     }
-    rows = [row for row in task.sample(4 * args.accuracy_prompts, seed=20_000) if row["prompt"] not in seen]
+    rows = [
+        row
+        for row in task.sample(4 * args.accuracy_prompts, seed=args.accuracy_seed)
+        if row["prompt"] not in seen
+    ]
     rows = rows[: args.accuracy_prompts]
     if not rows:
         raise SystemExit(
@@ -231,6 +235,7 @@ def cache_accuracy(args) -> dict[str, float | int | str]:
         "accuracy_teacher": f"{task.name} ({teacher})",
         "accuracy_prompts": len(rows),
         "accuracy_block": args.accuracy_blocks[0],
+        "accuracy_seed": args.accuracy_seed,
     }
     for i, block in enumerate(args.accuracy_blocks):
         suffix = "" if i == 0 else f"_block{block}"
@@ -288,6 +293,12 @@ def main() -> None:
         help="accuracy: decoding block lengths (the first one is the target's)",
     )
     parser.add_argument("--accuracy-prompts", type=int, default=1000, help="accuracy: held-out prompts")
+    parser.add_argument(
+        "--accuracy-seed",
+        type=int,
+        default=20_000,
+        help="accuracy: seed of the held-out prompts (30,000 was the tuning set)",
+    )
     parser.add_argument("--quick", action="store_true", help="tiny sizes, one repetition (seconds)")
     args = parser.parse_args()
     if args.quick:

@@ -376,6 +376,8 @@ def test_cached_step_on_an_unchanged_canvas_gives_exact_logits(tokenizer, cache,
         reference = exact.block_logits(x, start, end)
         torch.testing.assert_close(first, reference, rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(again, reference, rtol=1e-4, atol=1e-5)
+        # The window's keys/values are written over their cached copies: the cache never grows past the canvas.
+        assert cached.cache.get_seq_length() == x.shape[1]
         x[:, start:end] = torch.randint(
             5, 100, (x.shape[0], end - start), generator=torch.Generator().manual_seed(start)
         )
