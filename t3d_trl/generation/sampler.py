@@ -309,9 +309,9 @@ class BlockRunner:
     Block-causal models: the exact block cache (see the module docstring). Bidirectional models with
     ``cache="prefix"`` or ``"dual"`` (Fast-dLLM): the first forward pass of a block runs the whole canvas and
     stores every key/value; later steps of the block run only the block (dual) or the block and everything after
-    it (prefix) against that cache, so the cached keys/values are those of the canvas at the block's start. The
-    query window starts one position early for shifted-logit models (Dream), whose first block token is read
-    from the position before it.
+    it (prefix) against that cache, whose keys/values outside the window are those of the canvas at the block's
+    start (the window's own are overwritten with fresh ones, see ``WindowCache``). The query window starts one
+    position early for shifted-logit models (Dream), whose first block token is read from the position before it.
     """
 
     def __init__(
