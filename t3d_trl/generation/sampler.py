@@ -417,7 +417,7 @@ class BlockRunner:
             return logits
         # Later steps: the window's fresh keys/values overwrite their cached copies in place, so the window's
         # queries see the canvas as refreshed with the window itself up to date (Fast-dLLM's replace).
-        self.cache.window_start = q0
+        self.cache.write_window_at(q0)
         logits, _ = diffusion_forward(
             self.model,
             self.diffusion,
@@ -449,18 +449,14 @@ class _WindowLayer(DynamicLayer):
 
 class WindowCache(Cache):
     """The approximate (Fast-dLLM) cache: filled by one full pass, then each step's window of queries writes its
-    fresh keys/values over their cached copies at ``window_start`` and attends to the whole canvas. Writing in
+    fresh keys/values over their cached copies (``write_window_at``) and attends to the whole canvas. Writing in
     place instead of appending and cropping saves a copy of every layer's cache per step and keeps the mask the
     canvas's own."""
 
     def __init__(self):
         super().__init__(layer_class_to_replicate=_WindowLayer)
 
-    @property
-    def window_start(self) -> int | None:
-        return self.layers[0].window_start if self.layers else None
-
-    @window_start.setter
-    def window_start(self, start: int | None) -> None:
+    def write_window_at(self, start: int) -> None:
+        """Make every layer write the next pass's keys/values at ``start`` instead of appending them."""
         for layer in self.layers:
             layer.window_start = start
