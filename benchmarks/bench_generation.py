@@ -211,9 +211,10 @@ def cache_accuracy(args) -> dict[str, float | int | str]:
     teacher = args.teacher or str(PACKAGED_TEACHERS / task.name)
     model = AutoModelForDiffusionLM.from_pretrained(teacher).eval()
     tokenizer = task.tokenizer()
-    # Held out: a seed the teacher's training rows (examples/train_demo_teacher.py, seed 1) never used, and any
-    # prompt that also occurs among those rows dropped. Block lengths were chosen on seed 30,000 (not reported).
-    defaults = QuickstartConfig(task=task.name)
+    # Held out: a seed the teacher's training rows (examples/train_demo_teacher.py --seed S samples them with
+    # seed S + 1) never used, and any prompt that also occurs among those rows dropped. Block lengths were chosen
+    # on seed 30,000 (not reported).
+    defaults = QuickstartConfig(task=task.name, seed=args.teacher_seed)
     seen = {
         row["prompt"]
         for row in task.sample(
@@ -236,6 +237,7 @@ def cache_accuracy(args) -> dict[str, float | int | str]:
         "accuracy_prompts": len(rows),
         "accuracy_block": args.accuracy_blocks[0],
         "accuracy_seed": args.accuracy_seed,
+        "accuracy_teacher_seed": args.teacher_seed,
     }
     for i, block in enumerate(args.accuracy_blocks):
         suffix = "" if i == 0 else f"_block{block}"
@@ -263,6 +265,27 @@ def cache_accuracy(args) -> dict[str, float | int | str]:
     return result
 
 
+def accuracy_rows(accuracy: dict) -> list[tuple[str, str, str]]:
+    """Table rows (measure, value, target) of the points each approximate cache lost."""
+    return [
+        (
+            f"{cache} cache accuracy loss, TokPS {k} (points)",
+            f"{accuracy[f'{cache}_cache_accuracy_delta_tokps{k}']:.2f} "
+            f"+- {accuracy[f'{cache}_cache_accuracy_delta_se_tokps{k}']:.2f}",
+            "<= 1" if cache == "dual" else "",
+        )
+        for cache in ("prefix", "dual")
+        for k in (1, 2)
+    ]
+
+
+def print_table(rows: list[tuple[str, str, str]]) -> None:
+    print()
+    print(f"{'measure':<48}{'value':>14}{'target':>10}")
+    for name, value, target in rows:
+        print(f"{name:<48}{value:>14}{target:>10}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -283,6 +306,12 @@ def main() -> None:
         help="accuracy: trained bidirectional teacher (default: the task's packaged one)",
     )
     parser.add_argument(
+        "--teacher-seed",
+        type=int,
+        default=0,
+        help="accuracy: the --seed --teacher was trained with (its training prompts are left out; packaged: 0)",
+    )
+    parser.add_argument(
         "--task", default="wordsort_bidirectional", help="accuracy: the embedded task of --teacher"
     )
     parser.add_argument(
@@ -299,12 +328,20 @@ def main() -> None:
         default=20_000,
         help="accuracy: seed of the held-out prompts (30,000 was the tuning set)",
     )
+    parser.add_argument(
+        "--accuracy-only", action="store_true", help="only the accuracy cost of the caches (step 7)"
+    )
     parser.add_argument("--quick", action="store_true", help="tiny sizes, one repetition (seconds)")
     args = parser.parse_args()
     if args.quick:
         args.reps, args.prompt_len, args.gen_len, args.cache_gen_len = 1, 16, 32, 16
         args.approx_prompt_len, args.approx_gen_len, args.accuracy_prompts = 32, 64, 32
     torch.set_num_threads(args.threads)
+    if args.accuracy_only:
+        accuracy = cache_accuracy(args)
+        print_table(accuracy_rows(accuracy))
+        print(json.dumps(accuracy))
+        return
 
     model = build_model("bidirectional", args.quick)
     params = sum(p.numel() for p in model.parameters())
@@ -421,8 +458,6 @@ def main() -> None:
         "dual_cache_agreement_random_model": round(agree["dual"], 4),
         **accuracy,
     }
-    print()
-    print(f"{'measure':<44}{'value':>12}{'target':>12}")
     rows = [
         ("sampler overhead (share of wall)", f"{result['sampler_overhead']:.2%}", "<= 2%"),
         ("wall(ours) / wall(LLaDA reference port)", f"{result['ours_over_reference_wall']:.3f}", "<= 0.85"),
@@ -450,16 +485,7 @@ def main() -> None:
             f"{port_identical['prefix']} / {port_identical['dual']}",
             "True",
         ),
-        *[
-            (
-                f"{cache} cache accuracy loss, TokPS {k} (points)",
-                f"{accuracy[f'{cache}_cache_accuracy_delta_tokps{k}']:.2f} "
-                f"+- {accuracy[f'{cache}_cache_accuracy_delta_se_tokps{k}']:.2f}",
-                "<= 1" if cache == "dual" else "",
-            )
-            for cache in ("prefix", "dual")
-            for k in (1, 2)
-        ],
+        *accuracy_rows(accuracy),
         (
             "static TokPS 1: NFE / tokens per s",
             f"{result['static_nfe']} / {result['static_tokens_per_s']}",
@@ -471,8 +497,7 @@ def main() -> None:
             "",
         ),
     ]
-    for name, value, target in rows:
-        print(f"{name:<44}{value:>12}{target:>12}")
+    print_table(rows)
     print(json.dumps(result))
 
 

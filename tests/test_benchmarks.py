@@ -266,3 +266,27 @@ def test_benchmark_script_runs_quick_and_ends_with_one_json_line(script):
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert isinstance(result, dict)
     TARGETS.get(script.stem, lambda result: None)(result)
+
+
+def test_generation_benchmark_accuracy_only_reports_the_caches_cost_for_a_given_teacher_seed():
+    done = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/bench_generation.py",
+            "--quick",
+            "--accuracy-only",
+            "--teacher-seed",
+            "1",
+        ],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["accuracy_teacher_seed"] == 1 and result["accuracy_prompts"] == 32
+    assert {"dual_cache_accuracy_delta_tokps2", "prefix_cache_accuracy_delta_se_tokps1"} <= set(result)
+    assert "dual_cache_speedup" not in result  # the speed sections did not run
+    assert "dual cache accuracy loss, TokPS 2" in done.stdout
