@@ -203,7 +203,7 @@ def cache_accuracy(args) -> dict[str, float | int | str]:
     of its embedded task, at TokPS 1 and 2, in blocks of each of ``args.accuracy_blocks`` (several blocks per
     answer). Keys of the first block length carry no suffix; the others end in ``_block<N>``."""
     from t3d_trl import AutoModelForDiffusionLM
-    from t3d_trl.demo.quickstart import PACKAGED_TEACHERS, QuickstartConfig
+    from t3d_trl.demo.quickstart import PACKAGED_TEACHERS, QuickstartConfig, teacher_rows
     from t3d_trl.demo.tasks import get_task
     from t3d_trl.evaluation.runner import generate_completions
 
@@ -211,15 +211,12 @@ def cache_accuracy(args) -> dict[str, float | int | str]:
     teacher = args.teacher or str(PACKAGED_TEACHERS / task.name)
     model = AutoModelForDiffusionLM.from_pretrained(teacher).eval()
     tokenizer = task.tokenizer()
-    # Held out: a seed the teacher's training rows (examples/train_demo_teacher.py --seed S samples them with
-    # seed S + 1) never used, and any prompt that also occurs among those rows dropped. Block lengths were chosen
-    # on seed 30,000 (not reported).
-    defaults = QuickstartConfig(task=task.name, seed=args.teacher_seed)
+    # Held out: a seed the teacher's training rows (examples/train_demo_teacher.py --seed S) never used, and any
+    # prompt that also occurs among those rows dropped. The default steps and batch size draw at least as many rows
+    # as the documented teacher commands, so their rows cover the teacher's. Block lengths were chosen on seed
+    # 30,000 (not reported).
     seen = {
-        row["prompt"]
-        for row in task.sample(
-            max(defaults.teacher_steps * defaults.batch_size // 4, 1000), seed=defaults.seed + 1
-        )
+        row["prompt"] for row in teacher_rows(task, QuickstartConfig(task=task.name, seed=args.teacher_seed))
     }
     rows = [
         row

@@ -133,12 +133,18 @@ def split_rows(task: DemoTask, config: QuickstartConfig) -> tuple[list[dict], li
     return train, held_out[: config.num_eval]
 
 
+def teacher_rows(task: DemoTask, config: QuickstartConfig) -> list[dict]:
+    """The rows ``train_teacher`` trains on: a seed of their own, about four epochs of its steps. Rows are a prefix
+    of a longer draw with the same seed, so the rows of a larger ``teacher_steps * batch_size`` contain these."""
+    return task.sample(max(config.teacher_steps * config.batch_size // 4, 1000), seed=config.seed + 1)
+
+
 def train_teacher(task: DemoTask, config: QuickstartConfig, output_dir: Path) -> torch.nn.Module:
     """Pre-train the task's tiny teacher with the library's own trainer (``loss_type="mdlm"``)."""
     from ..trainer.t3d_trainer import T3DTrainer
 
     tokenizer = task.tokenizer()
-    rows = task.sample(max(config.teacher_steps * config.batch_size // 4, 1000), seed=config.seed + 1)
+    rows = teacher_rows(task, config)
     # Pre-tokenised without EOS: completions are exactly `answer_length` tokens, as decoded by the demo.
     data = Dataset.from_list(
         [
