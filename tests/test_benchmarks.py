@@ -248,14 +248,14 @@ TARGETS = {
 }
 
 
-@pytest.mark.parametrize("script", SCRIPTS, ids=lambda script: script.stem)
-def test_benchmark_script_runs_quick_and_ends_with_one_json_line(script):
+def run_quick(script: Path, *flags: str) -> tuple[dict, str]:
+    """Run ``script --quick *flags`` offline on one thread; return its last-line JSON and its stdout."""
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
     }
     done = subprocess.run(
-        [sys.executable, str(script), "--quick"],
+        [sys.executable, str(script), "--quick", *flags],
         cwd=REPO,
         env={**env, "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1"},
         capture_output=True,
@@ -263,30 +263,21 @@ def test_benchmark_script_runs_quick_and_ends_with_one_json_line(script):
         timeout=900,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stdout
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda script: script.stem)
+def test_benchmark_script_runs_quick_and_ends_with_one_json_line(script):
+    result, _ = run_quick(script)
     assert isinstance(result, dict)
     TARGETS.get(script.stem, lambda result: None)(result)
 
 
 def test_generation_benchmark_accuracy_only_reports_the_caches_cost_for_a_given_teacher_seed():
-    done = subprocess.run(
-        [
-            sys.executable,
-            "benchmarks/bench_generation.py",
-            "--quick",
-            "--accuracy-only",
-            "--teacher-seed",
-            "1",
-        ],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
-        capture_output=True,
-        text=True,
-        timeout=600,
+    result, printed = run_quick(
+        REPO / "benchmarks" / "bench_generation.py", "--accuracy-only", "--teacher-seed", "1"
     )
-    assert done.returncode == 0, done.stderr[-4000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["accuracy_teacher_seed"] == 1 and result["accuracy_prompts"] == 32
     assert {"dual_cache_accuracy_delta_tokps2", "prefix_cache_accuracy_delta_se_tokps1"} <= set(result)
     assert "dual_cache_speedup" not in result  # the speed sections did not run
-    assert "dual cache accuracy loss, TokPS 2" in done.stdout
+    assert "dual cache accuracy loss, TokPS 2" in printed
