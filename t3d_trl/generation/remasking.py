@@ -69,6 +69,7 @@ def propose_tokens(
     top_p: float | None = None,
     generator: torch.Generator | None = None,
     mask_token_id: int | None = None,
+    noise: tuple[torch.Tensor | None, torch.Tensor | None] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick ``x0`` for every position and score it.
 
@@ -77,41 +78,74 @@ def propose_tokens(
     = commit first) are computed from the model's unfiltered distribution at temperature 1, as in the LLaDA
     reference, so filtering changes which token is drawn, not how sure the model is of it:
     ``low_confidence`` = p(x0), ``margin`` = p(top1) - p(top2), ``entropy`` = minus the predictive entropy,
-    ``random`` = uniform noise.
+    ``random`` = uniform noise. Probabilities are a float64 softmax, as LLaDA's and Fast-dLLM's samplers
+    compute them: a float32 one saturates near p = 1 (distinct probabilities collapse to 1.0), and the tied
+    positions would be committed in another order than upstream's.
 
     Args:
         logits: ``[B, L, V]`` logits of the current block.
         mask_token_id: never proposed (committing a mask would leave the position masked); scores still use
             the full distribution, so they equal the reference's whenever its choice is a real token.
+        noise: ``(uniform, random_score)`` drawn beforehand by :func:`draw_noise` (the compiled step takes its
+            randomness as inputs); ``None`` draws it here from ``generator``.
 
     Returns:
-        ``(x0, score)``, both ``[B, L]``.
+        ``(x0, score)``, both ``[B, L]``; ``score`` is float64.
     """
+    if noise is None:
+        noise = draw_noise(logits.shape, temperature, remasking, generator, logits.device)
+    uniform, random_score = noise
     logits = logits.float()
     choice = logits
     if mask_token_id is not None:
         choice = logits.index_fill(-1, torch.tensor([mask_token_id], device=logits.device), float("-inf"))
     if temperature > 0:
-        uniform = torch.rand(logits.shape, dtype=torch.float64, device=logits.device, generator=generator)
         gumbel = -torch.log(-torch.log(uniform.clamp_min(1e-300)))
         x0 = (filter_logits(choice, top_k, top_p).double() / temperature + gumbel).argmax(-1)
     else:
         x0 = choice.argmax(-1)
+    return x0, confidence_score(logits, x0, remasking, random_score)
+
+
+def draw_noise(
+    shape: torch.Size | tuple[int, ...],
+    temperature: float,
+    remasking: str,
+    generator: torch.Generator | None,
+    device: torch.device | str,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The random inputs of one proposal over logits of ``shape`` ``[B, L, V]``: float64 uniforms for the
+    Gumbel noise (when sampling) and the ``random`` rule's scores, drawn in that order from ``generator``."""
+    uniform = None
+    if temperature > 0:
+        uniform = torch.rand(shape, dtype=torch.float64, device=device, generator=generator)
+    random_score = None
     if remasking == "random":
-        score = torch.rand(x0.shape, device=logits.device, generator=generator)
-    elif remasking == "low_confidence":
-        score = (logits.gather(-1, x0.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)).exp()
-    elif remasking == "margin":
-        top2 = logits.topk(2, dim=-1).values
-        lse = logits.logsumexp(-1, keepdim=True)
-        probs = (top2 - lse).exp()
-        score = probs[..., 0] - probs[..., 1]
-    elif remasking == "entropy":
-        logp = logits.log_softmax(-1)
-        score = (logp.exp() * logp.nan_to_num(neginf=0.0)).sum(-1)
-    else:
-        raise ValueError(f"unknown remasking {remasking!r}")
-    return x0, score
+        random_score = torch.rand(shape[:-1], device=device, generator=generator).double()
+    return uniform, random_score
+
+
+def confidence_score(
+    logits: torch.Tensor, x0: torch.Tensor, remasking: str, random_score: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The float64 score of proposing ``x0`` under ``logits`` ``[B, L, V]`` (see :func:`propose_tokens`).
+
+    ``low_confidence`` is ``softmax(logits.double())`` gathered at ``x0``, exactly LLaDA's and Fast-dLLM's
+    expression, so equal probabilities (ties broken by position) are equal here too.
+    """
+    if remasking == "random":
+        if random_score is None:
+            raise ValueError("remasking='random' needs its random scores (see draw_noise)")
+        return random_score
+    probs = logits.double().softmax(-1)
+    if remasking == "low_confidence":
+        return probs.gather(-1, x0.unsqueeze(-1)).squeeze(-1)
+    if remasking == "margin":
+        top2 = probs.topk(2, dim=-1).values
+        return top2[..., 0] - top2[..., 1]
+    if remasking == "entropy":
+        return (probs * probs.log().nan_to_num(neginf=0.0)).sum(-1)
+    raise ValueError(f"unknown remasking {remasking!r}")
 
 
 def select_static(score: torch.Tensor, masked: torch.Tensor, quota: torch.Tensor) -> torch.Tensor:

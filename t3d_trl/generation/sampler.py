@@ -29,18 +29,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from transformers import Cache, DynamicCache
-from transformers.cache_utils import DynamicLayer
 
 from ..models.diffusion_config import DiffusionConfig
-from ..models.forward import accepts_4d_mask, diffusion_forward
+from ..models.forward import accepts_4d_mask
 from ..models.masks import (
     block_attention_mask,
     padding_attention_mask,
     position_ids_from_valid,
 )
 from .configuration import DiffusionGenerationConfig
-from .remasking import propose_tokens, select_dynamic, select_static, transfer_schedule
+from .compiled import EagerStep, forward_window, step_for
+from .remasking import draw_noise, select_dynamic, select_static, transfer_schedule
 
 
 @dataclass
@@ -162,6 +161,65 @@ def eos_token_ids(model: torch.nn.Module, config: DiffusionGenerationConfig) -> 
     return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
 
 
+def cache_settings(config: DiffusionGenerationConfig) -> tuple[bool, str]:
+    """``(use_cache, approximate cache)`` of a generation: the one place the sampler reads the cache settings."""
+    return config.use_cache, config.cache
+
+
+def _check_model(
+    model: torch.nn.Module, diffusion: DiffusionConfig, config: DiffusionGenerationConfig, valid: torch.Tensor
+) -> None:
+    """Refuse settings the model cannot decode with, naming the value."""
+    output = model.get_output_embeddings()
+    vocab = output.weight.shape[0] if output is not None else None
+    if vocab is not None and diffusion.mask_token_id >= vocab:
+        raise ValueError(
+            f"mask_token_id={diffusion.mask_token_id} is outside the model's vocabulary of {vocab}"
+        )
+    if diffusion.is_block_causal and not accepts_4d_mask(model):
+        raise ValueError(
+            f"block-causal decoding needs a decoder that takes 4D masks; {type(model).__name__} does not"
+        )
+    _, approximate = cache_settings(config)
+    if approximate != "none":
+        if diffusion.is_block_causal:
+            raise ValueError(
+                f"cache={approximate!r} is the approximate cache of bidirectional models; block-causal models "
+                "decode with their exact block cache (use_cache=True, cache='none')"
+            )
+        if not accepts_4d_mask(model):
+            raise ValueError(
+                f"cache={approximate!r} needs a decoder with a key/value cache; {type(model).__name__} is an "
+                "encoder MLM (use cache='none')"
+            )
+    longest = int(valid.sum(-1).max())
+    max_positions = getattr(model.config, "max_position_embeddings", None)
+    if max_positions is not None and longest + config.max_new_tokens > max_positions:
+        raise ValueError(
+            f"prompt of {longest} tokens plus max_new_tokens={config.max_new_tokens} exceeds the "
+            f"model's max_position_embeddings={max_positions}"
+        )
+
+
+@dataclass
+class DecodingState:
+    """What a generation carries from step to step (all ``[B, T]`` canvas-shaped or ``[B]``)."""
+
+    x: torch.Tensor  # the canvas; commits write into it
+    gen_mask: torch.Tensor  # generated positions
+    decode_step: torch.Tensor  # step at which each position was unmasked
+    nfe: torch.Tensor  # forward passes spent on each row
+    dynamic_count: torch.Tensor  # dynamic decoding: steps taken by each row
+    active: torch.Tensor  # rows still decoding
+
+    @classmethod
+    def start(cls, canvas: Canvas) -> DecodingState:
+        x = canvas.tokens
+        rows = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
+        gen_mask = torch.zeros_like(canvas.valid).scatter_(1, canvas.gen_index, True)
+        return cls(x, gen_mask, torch.zeros_like(x), rows, rows.clone(), torch.ones_like(rows, dtype=torch.bool))
+
+
 def diffusion_generate(
     model: torch.nn.Module,
     diffusion: DiffusionConfig,
@@ -176,62 +234,27 @@ def diffusion_generate(
     block_length, steps_per_block = config.resolve(
         diffusion.block_size if diffusion.is_block_causal else None
     )
-    vocab = (
-        model.get_output_embeddings().weight.shape[0] if model.get_output_embeddings() is not None else None
-    )
-    if vocab is not None and diffusion.mask_token_id >= vocab:
-        raise ValueError(
-            f"mask_token_id={diffusion.mask_token_id} is outside the model's vocabulary of {vocab}"
-        )
-    if diffusion.is_block_causal and not accepts_4d_mask(model):
-        raise ValueError(
-            f"block-causal decoding needs a decoder that takes 4D masks; {type(model).__name__} does not"
-        )
-    if config.cache != "none":
-        if diffusion.is_block_causal:
-            raise ValueError(
-                f"cache={config.cache!r} is the approximate cache of bidirectional models; block-causal models "
-                "decode with their exact block cache (use_cache=True, cache='none')"
-            )
-        if not accepts_4d_mask(model):
-            raise ValueError(
-                f"cache={config.cache!r} needs a decoder with a key/value cache; {type(model).__name__} is an "
-                "encoder MLM (use cache='none')"
-            )
-    lengths = valid.sum(-1)
-    max_positions = getattr(model.config, "max_position_embeddings", None)
-    if max_positions is not None and int(lengths.max()) + config.max_new_tokens > max_positions:
-        raise ValueError(
-            f"prompt of {int(lengths.max())} tokens plus max_new_tokens={config.max_new_tokens} exceeds the "
-            f"model's max_position_embeddings={max_positions}"
-        )
+    _check_model(model, diffusion, config, valid)
     eos_ids = eos_token_ids(model, config)
     pad_id = config.pad_token_id
     if pad_id is None:
         pad_id = eos_ids[0] if eos_ids else (getattr(model.config, "pad_token_id", None) or 0)
 
     canvas = layout_canvas(input_ids, valid, diffusion, block_length, config.max_new_tokens, pad_id)
-    runner = BlockRunner(model, diffusion, canvas, config.use_cache, config.cache)
-    x = canvas.tokens
-    batch, total = x.shape
+    use_cache, approximate = cache_settings(config)
+    runner = BlockRunner(model, diffusion, canvas, use_cache, approximate, step=step_for(model, config.compile))
+    state = DecodingState.start(canvas)
     mask_id = diffusion.mask_token_id
-    device = x.device
-    decode_step = torch.zeros_like(x)
-    nfe = torch.zeros(batch, dtype=torch.long, device=device)
-    dynamic_count = torch.zeros(batch, dtype=torch.long, device=device)
-    active = torch.ones(batch, dtype=torch.bool, device=device)
-    gen_mask = torch.zeros_like(canvas.valid).scatter_(1, canvas.gen_index, True)
-    eos_tensor = torch.tensor(eos_ids, device=device, dtype=torch.long)
-    cols = torch.arange(total, device=device)
+    eos_tensor = torch.tensor(eos_ids, device=state.x.device, dtype=torch.long)
     history: list[torch.Tensor] | None = [] if config.output_history else None
 
     for block_idx, (start, end) in enumerate(canvas.blocks):
-        block = x[:, start:end]  # a view: commits write into x
-        to_decode = gen_mask[:, start:end] & active.unsqueeze(1)
+        block = state.x[:, start:end]  # a view: commits write into the canvas
+        to_decode = state.gen_mask[:, start:end] & state.active.unsqueeze(1)
         quota = transfer_schedule(to_decode.sum(-1), steps_per_block, config.schedule, end - start)
         step = 0
         while True:
-            masked = (block == mask_id) & active.unsqueeze(1)
+            masked = (block == mask_id) & state.active.unsqueeze(1)
             if not masked.any():
                 break
             # Past the block's budget (only reachable through dynamic top-up) everything left is committed.
@@ -239,44 +262,18 @@ def diffusion_generate(
             if config.threshold is None and int(static_quota.max()) == 0:
                 step += 1  # nothing scheduled for any row at this step: skip the forward pass
                 continue
-            # Vocabulary logits only where some row still has a mask: the LM head is a large share of a
-            # cached step, and decoded positions never change.
-            wanted = masked.any(0).nonzero().squeeze(1)
-            x0_wanted, score_wanted = propose_tokens(
-                runner.block_logits(x, start, end, wanted),
-                config.temperature,
-                config.remasking,
-                config.top_k,
-                config.top_p,
-                generator,
-                mask_id,
-            )
-            x0 = block.clone()
-            x0[:, wanted] = x0_wanted
-            score = torch.full(block.shape, float("-inf"), device=device, dtype=score_wanted.dtype)
-            score[:, wanted] = score_wanted
-            row_active = masked.any(-1)
-            nfe += row_active.long()
-            if config.threshold is None:
-                commit = select_static(score, masked, static_quota)
-                step_id = torch.full_like(nfe, block_idx * steps_per_block + step + 1)
-            else:
-                topup = static_quota if config.dynamic_rule == "threshold_topup" else None
-                commit = select_dynamic(score, masked, config.threshold, topup)
-                dynamic_count += row_active.long()
-                step_id = dynamic_count
-            block[commit] = x0[commit]
-            decode_step[:, start:end][commit] = step_id.unsqueeze(1).expand_as(commit)[commit]
+            step_id = block_idx * steps_per_block + step + 1
+            denoise_step(runner, state, config, (start, end), masked, static_quota, step_id, generator)
             step += 1
             if eos_ids and config.stop_at_eos:
-                active &= ~_finished(x, gen_mask, eos_tensor, mask_id, cols)
+                state.active &= ~_finished(state.x, state.gen_mask, eos_tensor, mask_id)
             if history is not None:
-                history.append(x.gather(1, canvas.gen_index).clone())
-        if not active.any():
+                history.append(state.x.gather(1, canvas.gen_index).clone())
+        if not state.active.any():
             break
 
-    generated = x.gather(1, canvas.gen_index)
-    steps_out = decode_step.gather(1, canvas.gen_index)
+    generated = state.x.gather(1, canvas.gen_index)
+    steps_out = state.decode_step.gather(1, canvas.gen_index)
     if eos_ids and config.stop_at_eos:
         # Everything after a completion's first EOS is padding (and was never decoded by then).
         is_eos = torch.isin(generated, eos_tensor)
@@ -287,31 +284,85 @@ def diffusion_generate(
     sequences = torch.cat([input_ids, generated], dim=1)
     if not config.return_dict_in_generate:
         return sequences
-    return DiffusionGenerationOutput(sequences=sequences, decode_steps=steps_out, nfe=nfe, history=history)
+    return DiffusionGenerationOutput(sequences=sequences, decode_steps=steps_out, nfe=state.nfe, history=history)
 
 
-def _finished(
-    x: torch.Tensor, gen_mask: torch.Tensor, eos: torch.Tensor, mask_id: int, cols: torch.Tensor
-) -> torch.Tensor:
+def denoise_step(
+    runner: BlockRunner,
+    state: DecodingState,
+    config: DiffusionGenerationConfig,
+    window: tuple[int, int],
+    masked: torch.Tensor,
+    quota: torch.Tensor,
+    step_id: int,
+    generator: torch.Generator | None,
+) -> None:
+    """One denoising step of the block ``window = (start, end)``: propose tokens for its masked positions
+    (``masked``, ``[B, L]``) and commit ``quota`` of them (static) or those above the threshold (dynamic)."""
+    start, end = window
+    block = state.x[:, start:end]
+    # Eager: vocabulary logits only where some row still has a mask (the LM head is a large share of a cached
+    # step). Compiled: the whole block, so that every step has the same shapes.
+    cols = None if runner.step.compiled else masked.any(0).nonzero().squeeze(1)
+    logits = runner.block_logits(state.x, start, end, cols)
+    # Noise is drawn for the whole block whichever columns are computed: eager and compiled draw the same.
+    noise = draw_noise((*block.shape, logits.shape[-1]), config.temperature, config.remasking, generator, block.device)
+    if cols is not None:
+        noise = tuple(None if n is None else n[:, cols] for n in noise)
+    x0, score = runner.step.propose(
+        logits, config.temperature, config.remasking, config.top_k, config.top_p, None, runner.mask_id, noise
+    )
+    if cols is not None:
+        x0 = block.clone().index_copy_(1, cols, x0)
+        score = torch.full(block.shape, float("-inf"), dtype=score.dtype, device=block.device).index_copy_(
+            1, cols, score
+        )
+    row_active = masked.any(-1)
+    state.nfe += row_active.long()
+    if config.threshold is None:
+        commit = select_static(score, masked, quota)
+        step_ids = torch.full_like(state.nfe, step_id)
+    else:
+        topup = quota if config.dynamic_rule == "threshold_topup" else None
+        commit = select_dynamic(score, masked, config.threshold, topup)
+        state.dynamic_count += row_active.long()
+        step_ids = state.dynamic_count
+    block[commit] = x0[commit]
+    state.decode_step[:, start:end][commit] = step_ids.unsqueeze(1).expand_as(commit)[commit]
+
+
+def _finished(x: torch.Tensor, gen_mask: torch.Tensor, eos: torch.Tensor, mask_id: int) -> torch.Tensor:
     """Rows whose completion has an EOS with every generated position before it decoded."""
     eos_here = gen_mask & torch.isin(x, eos)
     has_eos = eos_here.any(-1)
     first = torch.where(
         has_eos, eos_here.long().argmax(-1), torch.full_like(has_eos, x.shape[1], dtype=torch.long)
     )
+    cols = torch.arange(x.shape[1], device=x.device)
     pending_before = ((x == mask_id) & gen_mask & (cols.unsqueeze(0) < first.unsqueeze(1))).any(-1)
     return has_eos & ~pending_before
 
 
 class BlockRunner:
-    """Runs the model for one denoising step of a block, managing the key/value cache when there is one.
+    """Runs the model for one denoising step of a block over a static key/value cache when there is one.
 
-    Block-causal models: the exact block cache (see the module docstring). Bidirectional models with
-    ``cache="prefix"`` or ``"dual"`` (Fast-dLLM): the first forward pass of a block runs the whole canvas and
-    stores every key/value; later steps of the block run only the block (dual) or the block and everything after
-    it (prefix) against that cache, whose keys/values outside the window are those of the canvas at the block's
-    start (the window's own are overwritten with fresh ones, see ``WindowCache``). The query window starts one
-    position early for shifted-logit models (Dream), whose first block token is read from the position before it.
+    Every mode keeps the keys/values of the whole canvas in one preallocated :class:`StaticKVCache`, written at
+    fixed canvas positions, and attends to all of it through a canvas-wide mask, so the shapes of a step do not
+    change as decoding proceeds.
+
+    * Block-causal models with ``use_cache``: the exact block cache (see the module docstring). A step runs the
+      current block (on a block's first step, the finished block before it too, which writes its final
+      keys/values) against the cache; later blocks are hidden by the block-causal mask.
+    * Bidirectional models with ``approximate="prefix"`` or ``"dual"`` (Fast-dLLM): the first step of a block
+      runs the whole canvas and writes every key/value; later steps run only the block (dual) or the block and
+      everything after it (prefix), writing the window's fresh keys/values over their cached copies (Fast-dLLM's
+      replace), so the window sees the canvas as of the block's start with itself up to date. The window starts
+      one position early for shifted-logit models (Dream), whose first block token is read from the position
+      before it.
+    * No cache: every step runs the whole canvas (block-causal: up to the current block), a fixed canvas.
+
+    Args:
+        step: runs the forward pass and the proposal (eager, or a model's compiled step); default eager.
     """
 
     def __init__(
@@ -321,58 +372,61 @@ class BlockRunner:
         canvas: Canvas,
         use_cache: bool,
         approximate: str = "none",
+        step: EagerStep | None = None,
     ):
         self.model = model
         self.diffusion = diffusion
         self.canvas = canvas
+        self.mask_id = diffusion.mask_token_id
+        self.step = step or step_for(model, None)
         # Masks are built in the model's compute dtype.
         self.dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
         self.is_decoder = accepts_4d_mask(model)
         self.cached = diffusion.is_block_causal and use_cache
         self.approximate = "none" if diffusion.is_block_causal else approximate
-        block = max(end - start for start, end in canvas.blocks) if canvas.blocks else 1
-        self.block_ids = torch.arange(canvas.tokens.shape[1], device=canvas.tokens.device) // block
-        self.full_mask = None
-        if not diffusion.is_block_causal:
-            self.full_mask = (
-                padding_attention_mask(canvas.valid, canvas.tokens.shape[1], self.dtype)
-                if self.is_decoder
-                else canvas.valid.long()
-            )
+        batch, total = canvas.tokens.shape
+        self.mask = self._canvas_mask()
         self.cache = None
-        self.cache_len = 0
+        if self.cached or self.approximate != "none":
+            self.cache = self.step.cache(model, batch, total, self.dtype, canvas.tokens.device)
+        self.cache_len = 0  # block-causal: canvas positions whose final keys/values are cached
         self.cached_block: int | None = None  # approximate cache: start of the block it was refreshed for
-        if self.cached:
-            self.cache = DynamicCache(config=model.config)
-            if canvas.prefix > 0:
-                self._forward(
-                    canvas.tokens, 0, canvas.prefix, keep=torch.tensor([canvas.prefix - 1]), use_cache=True
-                )
-                self.cache_len = canvas.prefix
+        if self.cached and canvas.prefix > 0:
+            # The whole prompt blocks, once and eagerly (their length is the prompt's, not a step's).
+            prefix = canvas.prefix
+            self.cache.write_window_at(0)
+            keep = torch.tensor([prefix - 1], device=canvas.tokens.device)
+            forward_window(model, diffusion, *self._window(canvas.tokens, 0, prefix, True), keep, self.cache)
+            self.cache_len = prefix
 
-    def _forward(
-        self, x: torch.Tensor, q_start: int, q_end: int, keep: torch.Tensor, use_cache: bool
-    ) -> torch.Tensor:
-        # Keys are the cached prefix [0, q_start) plus this pass's inputs [q_start, q_end).
-        mask = block_attention_mask(
-            self.block_ids[q_start:q_end].expand(x.shape[0], -1),
-            self.block_ids[:q_end].expand(x.shape[0], -1),
-            self.canvas.valid[:, :q_end],
-            self.dtype,
-            query_index=torch.arange(q_start, q_end, device=x.device),
-            key_index=torch.arange(q_end, device=x.device),
-        )
-        logits, self.cache = diffusion_forward(
-            self.model,
-            self.diffusion,
-            x[:, q_start:q_end],
-            mask,
-            self.canvas.position_ids[:, q_start:q_end],
-            keep=keep.to(x.device),
-            cache=self.cache,
-            use_cache=use_cache,
-        )
-        return logits
+    def _canvas_mask(self) -> torch.Tensor:
+        """``[B, 1, T, T]`` additive mask of the whole canvas (decoders), ``[B, T]`` padding mask (encoders)."""
+        valid = self.canvas.valid
+        if not self.is_decoder:
+            return valid.long()
+        if not self.diffusion.is_block_causal:
+            return padding_attention_mask(valid, valid.shape[1], self.dtype)
+        block = max(end - start for start, end in self.canvas.blocks) if self.canvas.blocks else 1
+        block_ids = (torch.arange(valid.shape[1], device=valid.device) // block).expand(valid.shape[0], -1)
+        return block_attention_mask(block_ids, block_ids, valid, self.dtype)
+
+    def _window(
+        self, x: torch.Tensor, q0: int, q1: int, cached: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Inputs, mask rows and positions of the queries ``[q0, q1)``; keys: the whole canvas with a cache,
+        else ``[0, q1)``."""
+        if not self.is_decoder:
+            mask = self.mask
+        else:
+            mask = self.mask[:, :, q0:q1, : (self.mask.shape[-1] if cached else q1)]
+        return x[:, q0:q1], mask, self.canvas.position_ids[:, q0:q1]
+
+    def _run(self, x: torch.Tensor, q0: int, q1: int, keep: torch.Tensor, cached: bool) -> torch.Tensor:
+        cache = None
+        if cached:
+            self.cache.write_window_at(q0)
+            cache = self.cache
+        return self.step.forward(self.model, self.diffusion, *self._window(x, q0, q1, cached), keep - q0, cache)
 
     def block_logits(
         self, x: torch.Tensor, start: int, end: int, cols: torch.Tensor | None = None
@@ -381,82 +435,22 @@ class BlockRunner:
         all ``end - start`` of them)."""
         if cols is None:
             cols = torch.arange(end - start, device=x.device)
+        keep = start + cols
+        total = x.shape[1]
         if not self.diffusion.is_block_causal:
-            if self.approximate != "none":
-                return self._approximate_logits(x, start, end, cols)
-            return diffusion_forward(
-                self.model, self.diffusion, x, self.full_mask, self.canvas.position_ids, keep=start + cols
-            )[0]
+            if self.approximate == "none":
+                return self._run(x, 0, total, keep, cached=False)
+            if self.cached_block != start:
+                # First step of the block: one pass over the whole canvas refreshes every key/value.
+                self.cached_block = start
+                return self._run(x, 0, total, keep, cached=True)
+            q0 = start - 1 if self.diffusion.shift_logits and start > 0 else start
+            return self._run(x, q0, end if self.approximate == "dual" else total, keep, cached=True)
         if not self.cached:
             # Reference path: the whole canvas up to the current block; later blocks are invisible anyway.
-            return self._forward(x, 0, end, keep=start + cols, use_cache=False)
-        q_start = self.cache_len
-        logits = self._forward(x, q_start, end, keep=start - q_start + cols, use_cache=True)
-        # Keep the keys/values of finished blocks written by this pass; drop the current block's.
-        self.cache.crop(-(end - start))
+            return self._run(x, 0, end, keep, cached=False)
+        # From the first position whose final keys/values are not cached yet: on a block's first step that
+        # includes the block before it, now finished.
+        logits = self._run(x, self.cache_len, end, keep, cached=True)
         self.cache_len = start
         return logits
-
-    def _approximate_logits(self, x: torch.Tensor, start: int, end: int, cols: torch.Tensor) -> torch.Tensor:
-        q0 = start - 1 if self.diffusion.shift_logits and start > 0 else start
-        q1 = end if self.approximate == "dual" else x.shape[1]
-        if self.cached_block != start:
-            # First step of the block: one pass over the whole canvas refreshes every key/value.
-            self.cache = WindowCache()
-            logits, _ = diffusion_forward(
-                self.model,
-                self.diffusion,
-                x,
-                self.full_mask,
-                self.canvas.position_ids,
-                keep=start + cols,
-                cache=self.cache,
-                use_cache=True,
-            )
-            self.cached_block = start
-            return logits
-        # Later steps: the window's fresh keys/values overwrite their cached copies in place, so the window's
-        # queries see the canvas as refreshed with the window itself up to date (Fast-dLLM's replace).
-        self.cache.write_window_at(q0)
-        logits, _ = diffusion_forward(
-            self.model,
-            self.diffusion,
-            x[:, q0:q1],
-            self.full_mask[:, :, q0:q1],
-            self.canvas.position_ids[:, q0:q1],
-            keep=start - q0 + cols,
-            cache=self.cache,
-            use_cache=True,
-        )
-        return logits
-
-
-class _WindowLayer(DynamicLayer):
-    """A key/value layer that appends (the refreshing full pass), then overwrites a window in place."""
-
-    window_start: int | None = None
-
-    def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.window_start is None:
-            return super().update(key_states, value_states, *args, **kwargs)
-        end = self.window_start + key_states.shape[-2]
-        self.keys[..., self.window_start : end, :] = key_states
-        self.values[..., self.window_start : end, :] = value_states
-        return self.keys, self.values
-
-
-class WindowCache(Cache):
-    """The approximate (Fast-dLLM) cache: filled by one full pass, then each step's window of queries writes its
-    fresh keys/values over their cached copies (``write_window_at``) and attends to the whole canvas. Writing in
-    place instead of appending and cropping saves a copy of every layer's cache per step and keeps the mask the
-    canvas's own."""
-
-    def __init__(self):
-        super().__init__(layer_class_to_replicate=_WindowLayer)
-
-    def write_window_at(self, start: int) -> None:
-        """Make every layer write the next pass's keys/values at ``start`` instead of appending them."""
-        for layer in self.layers:
-            layer.window_start = start

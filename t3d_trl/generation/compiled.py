@@ -1,0 +1,144 @@
+"""The denoising step of a model, run eagerly or through ``torch.compile``.
+
+A step is two pure functions: the model's forward over a window of the canvas (:func:`forward_window`) and the
+token proposal with its scores (:func:`~.remasking.propose_tokens`). With a static cache every step of a
+decoding mode has the same shapes, so each function is compiled once per shape (``dynamic=False``) and reused
+by every later step and generation; ``mode="reduce-overhead"`` also captures CUDA graphs. Compiling is an
+optimisation only: where it is not possible (no compiler, an unsupported model, an error while compiling) the
+step falls back to eager with one warning.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+import weakref
+from typing import Any
+
+import torch
+
+from ..models.diffusion_config import DiffusionConfig
+from ..models.forward import diffusion_forward, unwrap_model
+from .remasking import propose_tokens
+from .static_cache import StaticKVCache
+
+logger = logging.getLogger(__name__)
+
+
+def forward_window(
+    model: torch.nn.Module,
+    diffusion: DiffusionConfig,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    keep: torch.Tensor,
+    cache: StaticKVCache | None,
+) -> torch.Tensor:
+    """Logits ``[B, len(keep), V]`` of one forward pass over a window of the canvas (writing its keys/values
+    into ``cache`` at the cache's ``write_at`` when there is one)."""
+    return diffusion_forward(
+        model, diffusion, input_ids, attention_mask, position_ids, keep=keep, cache=cache, use_cache=cache is not None
+    )[0]
+
+
+class EagerStep:
+    """The step run as plain PyTorch (no compilation)."""
+
+    compiled = False
+    compile_seconds = 0.0
+
+    def forward(self, *args: Any) -> torch.Tensor:
+        return forward_window(*args)
+
+    def propose(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        return propose_tokens(*args, **kwargs)
+
+    def cache(self, model: torch.nn.Module, batch: int, length: int, dtype: torch.dtype, device) -> StaticKVCache:
+        return StaticKVCache(model.config, batch, length, dtype, device)
+
+
+class CompiledStep(EagerStep):
+    """``torch.compile`` of the step of one model in one mode, shared by every generation with that model.
+
+    The first call with a new shape compiles (its time is logged once and summed in ``compile_seconds``);
+    later calls reuse the compiled code. Static caches are kept per shape and reused, so the buffers a
+    compiled step (or a captured CUDA graph) reads never move; generations with one model are therefore not
+    reentrant across threads.
+    """
+
+    compiled = True
+
+    def __init__(self, model: torch.nn.Module, mode: str):
+        self.model_name = type(unwrap_model(model)).__name__
+        self.mode = mode
+        options = dict(mode=None if mode == "default" else mode, dynamic=False)
+        self._forward = torch.compile(forward_window, **options)
+        self._propose = torch.compile(propose_tokens, **options)
+        self._caches: dict[tuple, StaticKVCache] = {}
+        self._seen: set[tuple] = set()
+        self.compile_seconds = 0.0
+        self.failed = False
+
+    def _call(self, compiled, eager, key: tuple, *args: Any, **kwargs: Any):
+        if self.failed:
+            return eager(*args, **kwargs)
+        first = key not in self._seen
+        began = time.perf_counter()
+        try:
+            out = compiled(*args, **kwargs)
+        except Exception as error:  # noqa: BLE001 -- any compiler failure means: decode eagerly
+            self.failed = True
+            warnings.warn(
+                f"torch.compile(mode={self.mode!r}) of the decoding step of {self.model_name} failed "
+                f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); decoding eagerly",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+            return eager(*args, **kwargs)
+        if first:
+            self._seen.add(key)
+            seconds = time.perf_counter() - began
+            level = logging.INFO if self.compile_seconds == 0 else logging.DEBUG
+            self.compile_seconds += seconds
+            logger.log(level, "compiled the decoding step of %s (mode=%s) in %.1f s", self.model_name, self.mode, seconds)
+        return out
+
+    def forward(self, *args: Any) -> torch.Tensor:
+        key = ("forward", *(tuple(a.shape) for a in args if isinstance(a, torch.Tensor)))
+        return self._call(self._forward, forward_window, key, *args)
+
+    def propose(self, logits: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        key = ("propose", tuple(logits.shape), *args)
+        return self._call(self._propose, propose_tokens, key, logits, *args, **kwargs)
+
+    def cache(self, model: torch.nn.Module, batch: int, length: int, dtype: torch.dtype, device) -> StaticKVCache:
+        key = (batch, length, dtype, str(device))
+        if key not in self._caches:
+            cache = StaticKVCache(model.config, batch, length, dtype, device)
+            cache.mark_static()
+            self._caches[key] = cache
+        return self._caches[key]
+
+
+_EAGER = EagerStep()
+_COMPILED: weakref.WeakKeyDictionary[torch.nn.Module, dict[str, CompiledStep]] = weakref.WeakKeyDictionary()
+
+
+def step_for(model: torch.nn.Module, mode: str | None) -> EagerStep:
+    """The step to decode ``model`` with: eager for ``mode=None``, else the model's compiled step for ``mode``
+    (created on first use; eager, with one warning, where the model cannot be compiled)."""
+    if not mode:
+        return _EAGER
+    steps = _COMPILED.setdefault(model, {})
+    if mode not in steps:
+        step = CompiledStep(model, mode)
+        if not getattr(unwrap_model(model), "_can_compile_fullgraph", True):
+            step.failed = True
+            warnings.warn(
+                f"{step.model_name} does not support torch.compile (_can_compile_fullgraph=False); decoding eagerly",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        steps[mode] = step
+    return steps[mode]
