@@ -14,32 +14,54 @@ import logging
 import time
 import warnings
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ..models.diffusion_config import DiffusionConfig
-from ..models.forward import diffusion_forward, unwrap_model
+from ..models.forward import accepts_4d_mask, cache_keyword, unwrap_model
 from .remasking import propose_tokens
 from .static_cache import StaticKVCache
 
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class ForwardSpec:
+    """How to call a model for one diffusion forward pass, resolved once per generation (outside any compiled
+    code: it inspects the model's signature)."""
+
+    shift_logits: bool
+    decoder: bool  # takes 4D masks, ``logits_to_keep`` and a cache
+    cache_keyword: str
+
+    @classmethod
+    def of(cls, model: torch.nn.Module, diffusion: DiffusionConfig) -> ForwardSpec:
+        return cls(diffusion.shift_logits, accepts_4d_mask(model), cache_keyword(model))
+
+
 def forward_window(
     model: torch.nn.Module,
-    diffusion: DiffusionConfig,
+    spec: ForwardSpec,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     position_ids: torch.Tensor,
     keep: torch.Tensor,
     cache: StaticKVCache | None,
 ) -> torch.Tensor:
-    """Logits ``[B, len(keep), V]`` of one forward pass over a window of the canvas (writing its keys/values
-    into ``cache`` at the cache's ``write_at`` when there is one)."""
-    return diffusion_forward(
-        model, diffusion, input_ids, attention_mask, position_ids, keep=keep, cache=cache, use_cache=cache is not None
-    )[0]
+    """Logits ``[B, len(keep), V]`` of the tokens at window positions ``keep`` after one forward pass over a
+    window of the canvas (writing its keys/values into ``cache`` at the cache's ``write_at`` when there is one).
+    The same pass as :func:`~t3d_trl.models.forward.diffusion_forward`, with the model's calling convention
+    resolved beforehand."""
+    # Shifted-logit models (Dream) predict token i at position i - 1.
+    source = (keep - 1).clamp_min(0) if spec.shift_logits else keep
+    if not spec.decoder:
+        return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits[:, source]
+    kwargs: dict[str, Any] = {"use_cache": cache is not None, "logits_to_keep": source}
+    if cache is not None:
+        kwargs[spec.cache_keyword] = cache
+    return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs).logits
 
 
 class EagerStep:

@@ -38,7 +38,7 @@ from ..models.masks import (
     position_ids_from_valid,
 )
 from .configuration import DiffusionGenerationConfig
-from .compiled import EagerStep, forward_window, step_for
+from .compiled import EagerStep, ForwardSpec, forward_window, step_for
 from .remasking import draw_noise, select_dynamic, select_static, transfer_schedule
 
 
@@ -381,7 +381,8 @@ class BlockRunner:
         self.step = step or step_for(model, None)
         # Masks are built in the model's compute dtype.
         self.dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-        self.is_decoder = accepts_4d_mask(model)
+        self.spec = ForwardSpec.of(model, diffusion)
+        self.is_decoder = self.spec.decoder
         self.cached = diffusion.is_block_causal and use_cache
         self.approximate = "none" if diffusion.is_block_causal else approximate
         batch, total = canvas.tokens.shape
@@ -396,7 +397,7 @@ class BlockRunner:
             prefix = canvas.prefix
             self.cache.write_window_at(0)
             keep = torch.tensor([prefix - 1], device=canvas.tokens.device)
-            forward_window(model, diffusion, *self._window(canvas.tokens, 0, prefix, True), keep, self.cache)
+            forward_window(model, self.spec, *self._window(canvas.tokens, 0, prefix, True), keep, self.cache)
             self.cache_len = prefix
 
     def _canvas_mask(self) -> torch.Tensor:
@@ -426,7 +427,7 @@ class BlockRunner:
         if cached:
             self.cache.write_window_at(q0)
             cache = self.cache
-        return self.step.forward(self.model, self.diffusion, *self._window(x, q0, q1, cached), keep - q0, cache)
+        return self.step.forward(self.model, self.spec, *self._window(x, q0, q1, cached), keep - q0, cache)
 
     def block_logits(
         self, x: torch.Tensor, start: int, end: int, cols: torch.Tensor | None = None
