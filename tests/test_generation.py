@@ -358,6 +358,31 @@ def test_approximate_caches_match_the_fast_dllm_port(tokenizer, cache, tokens_pe
         assert not torch.equal(exact.sequences, port)  # the cache is an approximation: the test can fail
 
 
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+def test_confident_model_ranks_like_the_fast_dllm_port(tokenizer, cache):
+    # Logits as confident as a real LLM's (std about 20): float32 probabilities of the proposals collapse to
+    # 1.0 and ties would be committed in another order than the port's float64 softmax (a float32 score fails
+    # here with the dual cache).
+    bench, seed = _bench_module(), 1
+    model = build_bidirectional_model(tokenizer, seed=seed, initializer_range=0.5)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    prompt = torch.randint(5, 100, (3, 9), generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        std = model(prompt).logits.std().item()
+    assert 16 < std < 30
+    for tokens_per_step, threshold in ((1, None), (2, None), (None, 0.999)):
+        budget = dict(tokens_per_step=tokens_per_step) if threshold is None else dict(threshold=threshold)
+        ours = model.diffusion_generate(
+            prompt, max_new_tokens=16, block_length=8, stop_at_eos=False, cache=cache, **budget
+        )
+        steps = 16 // (tokens_per_step or 1)
+        port, _ = bench.fast_dllm_generate(
+            model, prompt, steps, 16, 8, cache, threshold, tokenizer.mask_token_id
+        )
+        assert torch.equal(ours, port), (tokens_per_step, threshold)
+
+
 @pytest.mark.parametrize("shift_logits", [False, True])
 @pytest.mark.parametrize("cache", ["prefix", "dual"])
 def test_cached_step_on_an_unchanged_canvas_gives_exact_logits(tokenizer, cache, shift_logits):

@@ -57,11 +57,15 @@ def forward_window(
     # Shifted-logit models (Dream) predict token i at position i - 1.
     source = (keep - 1).clamp_min(0) if spec.shift_logits else keep
     if not spec.decoder:
-        return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits[:, source]
+        return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits[
+            :, source
+        ]
     kwargs: dict[str, Any] = {"use_cache": cache is not None, "logits_to_keep": source}
     if cache is not None:
         kwargs[spec.cache_keyword] = cache
-    return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs).logits
+    return model(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs
+    ).logits
 
 
 class EagerStep:
@@ -76,7 +80,9 @@ class EagerStep:
     def propose(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         return propose_tokens(*args, **kwargs)
 
-    def cache(self, model: torch.nn.Module, batch: int, length: int, dtype: torch.dtype, device) -> StaticKVCache:
+    def cache(
+        self, model: torch.nn.Module, batch: int, length: int, dtype: torch.dtype, device
+    ) -> StaticKVCache:
         return StaticKVCache(model.config, batch, length, dtype, device)
 
 
@@ -94,7 +100,10 @@ class CompiledStep(EagerStep):
     def __init__(self, model: torch.nn.Module, mode: str):
         self.model_name = type(unwrap_model(model)).__name__
         self.mode = mode
-        options = dict(mode=None if mode == "default" else mode, dynamic=False)
+        # Automatic dynamic shapes: the first shape of a function compiles a specialised graph, a second one a
+        # graph generic in the dimensions that changed, so modes whose window length changes per block (prefix,
+        # and the no-cache canvas of block-causal models) compile twice, not once per block.
+        options = dict(mode=None if mode == "default" else mode, dynamic=None)
         self._forward = torch.compile(forward_window, **options)
         self._propose = torch.compile(propose_tokens, **options)
         self._caches: dict[tuple, StaticKVCache] = {}
@@ -123,7 +132,13 @@ class CompiledStep(EagerStep):
             seconds = time.perf_counter() - began
             level = logging.INFO if self.compile_seconds == 0 else logging.DEBUG
             self.compile_seconds += seconds
-            logger.log(level, "compiled the decoding step of %s (mode=%s) in %.1f s", self.model_name, self.mode, seconds)
+            logger.log(
+                level,
+                "compiled the decoding step of %s (mode=%s) in %.1f s",
+                self.model_name,
+                self.mode,
+                seconds,
+            )
         return out
 
     def forward(self, *args: Any) -> torch.Tensor:
@@ -134,7 +149,9 @@ class CompiledStep(EagerStep):
         key = ("propose", tuple(logits.shape), *args)
         return self._call(self._propose, propose_tokens, key, logits, *args, **kwargs)
 
-    def cache(self, model: torch.nn.Module, batch: int, length: int, dtype: torch.dtype, device) -> StaticKVCache:
+    def cache(
+        self, model: torch.nn.Module, batch: int, length: int, dtype: torch.dtype, device
+    ) -> StaticKVCache:
         key = (batch, length, dtype, str(device))
         if key not in self._caches:
             cache = StaticKVCache(model.config, batch, length, dtype, device)
@@ -154,13 +171,15 @@ def step_for(model: torch.nn.Module, mode: str | None) -> EagerStep:
         return _EAGER
     steps = _COMPILED.setdefault(model, {})
     if mode not in steps:
-        step = CompiledStep(model, mode)
-        if not getattr(unwrap_model(model), "_can_compile_fullgraph", True):
-            step.failed = True
+        name = type(unwrap_model(model)).__name__
+        if getattr(unwrap_model(model), "_can_compile_fullgraph", True):
+            steps[mode] = CompiledStep(model, mode)
+        else:
             warnings.warn(
-                f"{step.model_name} does not support torch.compile (_can_compile_fullgraph=False); decoding eagerly",
+                f"{name} does not support torch.compile (transformers marks it _can_compile_fullgraph=False); "
+                "decoding eagerly",
                 RuntimeWarning,
                 stacklevel=3,
             )
-        steps[mode] = step
+            steps[mode] = _EAGER
     return steps[mode]

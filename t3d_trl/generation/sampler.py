@@ -217,7 +217,9 @@ class DecodingState:
         x = canvas.tokens
         rows = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
         gen_mask = torch.zeros_like(canvas.valid).scatter_(1, canvas.gen_index, True)
-        return cls(x, gen_mask, torch.zeros_like(x), rows, rows.clone(), torch.ones_like(rows, dtype=torch.bool))
+        return cls(
+            x, gen_mask, torch.zeros_like(x), rows, rows.clone(), torch.ones_like(rows, dtype=torch.bool)
+        )
 
 
 def diffusion_generate(
@@ -242,7 +244,9 @@ def diffusion_generate(
 
     canvas = layout_canvas(input_ids, valid, diffusion, block_length, config.max_new_tokens, pad_id)
     use_cache, approximate = cache_settings(config)
-    runner = BlockRunner(model, diffusion, canvas, use_cache, approximate, step=step_for(model, config.compile))
+    runner = BlockRunner(
+        model, diffusion, canvas, use_cache, approximate, step=step_for(model, config.compile)
+    )
     state = DecodingState.start(canvas)
     mask_id = diffusion.mask_token_id
     eos_tensor = torch.tensor(eos_ids, device=state.x.device, dtype=torch.long)
@@ -284,7 +288,9 @@ def diffusion_generate(
     sequences = torch.cat([input_ids, generated], dim=1)
     if not config.return_dict_in_generate:
         return sequences
-    return DiffusionGenerationOutput(sequences=sequences, decode_steps=steps_out, nfe=state.nfe, history=history)
+    return DiffusionGenerationOutput(
+        sequences=sequences, decode_steps=steps_out, nfe=state.nfe, history=history
+    )
 
 
 def denoise_step(
@@ -306,7 +312,9 @@ def denoise_step(
     cols = None if runner.step.compiled else masked.any(0).nonzero().squeeze(1)
     logits = runner.block_logits(state.x, start, end, cols)
     # Noise is drawn for the whole block whichever columns are computed: eager and compiled draw the same.
-    noise = draw_noise((*block.shape, logits.shape[-1]), config.temperature, config.remasking, generator, block.device)
+    noise = draw_noise(
+        (*block.shape, logits.shape[-1]), config.temperature, config.remasking, generator, block.device
+    )
     if cols is not None:
         noise = tuple(None if n is None else n[:, cols] for n in noise)
     x0, score = runner.step.propose(

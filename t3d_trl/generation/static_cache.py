@@ -26,7 +26,9 @@ class StaticLayer(CacheLayerMixin):
         self.length = length
         self.write_at = write_at
 
-    def allocate(self, batch: int, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+    def allocate(
+        self, batch: int, heads: int, head_dim: int, dtype: torch.dtype, device: torch.device
+    ) -> None:
         shape = (batch, heads, self.length, head_dim)
         self.keys = torch.zeros(shape, dtype=dtype, device=device)
         self.values = torch.zeros(shape, dtype=dtype, device=device)
