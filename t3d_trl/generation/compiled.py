@@ -2,7 +2,7 @@
 
 A step is two pure functions: the model's forward over a window of the canvas (:func:`forward_window`) and the
 token proposal with its scores (:func:`~.remasking.propose_tokens`). With a static cache every step of a
-decoding mode has the same shapes, so each function is compiled once per shape (``dynamic=False``) and reused
+decoding mode has the same shapes, so each function is compiled once per shape and reused
 by every later step and generation; ``mode="reduce-overhead"`` also captures CUDA graphs. Compiling is an
 optimisation only: where it is not possible (no compiler, an unsupported model, an error while compiling) the
 step falls back to eager with one warning.

@@ -37,8 +37,8 @@ from ..models.masks import (
     padding_attention_mask,
     position_ids_from_valid,
 )
-from .configuration import DiffusionGenerationConfig
 from .compiled import EagerStep, ForwardSpec, forward_window, step_for
+from .configuration import DiffusionGenerationConfig
 from .remasking import draw_noise, select_dynamic, select_static, transfer_schedule
 
 
