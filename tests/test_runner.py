@@ -274,3 +274,15 @@ def test_run_grid_with_scripted_models(tokenizer, benchmark_files, tmp_path):
 
 def benchmark_files_by_name(files):
     return {"gsm8k": files["gsm8k"], "math500": files["math500"]}
+
+
+def test_batch_size_none_is_chosen_from_memory(tokenizer):
+    # On the CPU there is no free-memory reading: the default batch size, the order kept.
+    scripts = {f"q{i}": f"answer {i}" for i in range(10)}
+    messages = [f"q{i}" + " x" * (i % 4) for i in range(10)]
+    model = ScriptedModel(tokenizer, scripts)
+    model.diffusion_config = type("Diffusion", (), {"block_size": None})()
+    out = generate_completions(model, tokenizer, messages, batch_size=None, progress=False)
+    assert [len(b) for b in model.batches] == [8, 2]
+    assert out.completions == [f"answer {i}" for i in range(10)]
+    assert out.peak_memory_gb is None

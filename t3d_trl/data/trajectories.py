@@ -43,6 +43,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..generation.configuration import DiffusionGenerationConfig
+from ..generation.memory import auto_batch_size, peak_memory_gb, reset_peak_memory
 from ..generation.sampler import eos_token_ids, left_pad
 from ..models.diffusion_config import require_diffusion_config
 from ..utils import MissingKeyError, check_process_count
@@ -463,7 +464,7 @@ def collect_trajectories(
     *,
     output_dir: str | os.PathLike,
     generation_config: DiffusionGenerationConfig | None = None,
-    batch_size: int = 8,
+    batch_size: int | None = 8,
     prompt_column: str = "problem",
     id_column: str | None = None,
     chat_column: str | None = None,
@@ -489,7 +490,9 @@ def collect_trajectories(
             (``save_to_disk`` layout). Rerunning with the same folder resumes.
         generation_config: teacher decoding settings; ``None``: the defaults saved with the model. The paper
             uses ``DiffusionGenerationConfig(block_length=4, tokens_per_step=1)`` (4 steps per block).
-        batch_size: prompts decoded together.
+        batch_size: prompts decoded together (sorted by length, longest first, to limit padding). ``None``:
+            as many as the free GPU memory holds (up to 128; 8 on the CPU). On CUDA the peak memory is
+            reported in the collection summary.
         prompt_column: the column that fills the template's ``{problem}``.
         id_column: a column of unique row ids; default: ``id`` when the dataset has one, else the row index.
         chat_column: a column of chat messages (``[{"role": ..., "content": ...}]``) used instead of the
@@ -557,6 +560,15 @@ def collect_trajectories(
     keep = list(prompts[0].extra)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (config.eos_token_id or [0])[0]
 
+    if batch_size is None:
+        longest = max(len(p.prompt_ids) for p in prompts)
+        block = (
+            config.block_length
+            or getattr(model.diffusion_config, "block_size", None)
+            or config.max_new_tokens
+        )
+        batch_size = auto_batch_size(model, longest + config.max_new_tokens + block, block)
+        logger.info("batch size %d (from free accelerator memory)", batch_size)
     batches = plan_batches(prompts, batch_size)
     digest = hashlib.sha256(json.dumps([[p.id, p.prompt] for p in prompts]).encode()).hexdigest()
     manifest = {
@@ -603,6 +615,8 @@ def collect_trajectories(
         disable=rank != 0,
     )
     start, new_tokens = time.perf_counter(), 0
+    device = next(model.parameters()).device
+    reset_peak_memory(device)
     try:
         for index, batch in todo:
             rows = _generate_batch(model, tokenizer, batch, config, seed, pad_id)
@@ -641,6 +655,9 @@ def collect_trajectories(
         )
         _save(merged, output_dir)
         summary = {"prompts": len(dataset), "rows": len(merged), "dropped": {**dropped, **filtered}}
+        peak = peak_memory_gb(device)
+        if peak is not None:
+            summary["peak_memory_gb"] = round(peak, 2)
         _write_summary(output_dir, summary)
         logger.info(collection_summary(output_dir))
     barrier()
@@ -723,8 +740,11 @@ def collection_summary(output_dir: str | os.PathLike) -> str:
         raise ValueError(f"{output_dir} holds an unfinished collection: rerun it to finish and merge it")
     dropped = summary["dropped"]
     detail = "; ".join(f"{n} {rule}" for rule, n in dropped.items())
-    return f"{summary['prompts']} prompts, {summary['rows']} trajectories saved to {output_dir}, " + (
-        f"{sum(dropped.values())} dropped: {detail}" if dropped else "none dropped"
+    peak = f", peak GPU memory {summary['peak_memory_gb']} GiB" if "peak_memory_gb" in summary else ""
+    return (
+        f"{summary['prompts']} prompts, {summary['rows']} trajectories saved to {output_dir}, "
+        + (f"{sum(dropped.values())} dropped: {detail}" if dropped else "none dropped")
+        + peak
     )
 
 

@@ -40,6 +40,7 @@ from tqdm.auto import tqdm
 
 from ..data.prompts import encode_prompts
 from ..generation.configuration import DiffusionGenerationConfig
+from ..generation.memory import auto_batch_size, peak_memory_gb, reset_peak_memory
 from ..generation.sampler import eos_token_ids, left_pad
 from .benchmarks import Benchmark, get_benchmark
 from .metrics import mean_std, pass_at_k_from_records, summarize_records
@@ -82,6 +83,7 @@ class Generations:
     nfe: list[int]
     finished: list[bool]
     latency: list[float]
+    peak_memory_gb: float | None = None  # peak GPU memory while decoding (None off CUDA)
 
     @property
     def seconds(self) -> float:
@@ -109,7 +111,7 @@ def generate_completions(
     generation_config: DiffusionGenerationConfig | None = None,
     *,
     use_chat_template: bool = True,
-    batch_size: int = 8,
+    batch_size: int | None = 8,
     generator: torch.Generator | None = None,
     progress: bool = True,
     desc: str | None = None,
@@ -126,14 +128,15 @@ def generate_completions(
         messages: user messages.
         generation_config: decoding settings; defaults to the ones saved with the model.
         use_chat_template: wrap messages in the chat template.
-        batch_size: prompts per ``diffusion_generate`` call.
+        batch_size: prompts per ``diffusion_generate`` call; ``None``: as many as the free GPU memory holds (up
+            to 128; 8 on the CPU).
         generator: random generator for sampling (``temperature > 0``) and random remasking.
         progress: show a progress bar.
         desc: its label.
     """
     if isinstance(messages, str):
         raise TypeError("messages must be a sequence of str, not a single str")
-    if batch_size < 1:
+    if batch_size is not None and batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     config = (generation_config or model.diffusion_generation_config).update(
         return_dict_in_generate=True, output_history=False
@@ -145,6 +148,16 @@ def generate_completions(
     n = len(prompts)
     completions, num_tokens, nfe, finished, latency = [""] * n, [0] * n, [0] * n, [False] * n, [0.0] * n
     order = sorted(range(n), key=lambda i: -len(ids[i]))
+    if batch_size is None:
+        block = (
+            config.block_length
+            or getattr(model.diffusion_config, "block_size", None)
+            or config.max_new_tokens
+        )
+        batch_size = auto_batch_size(
+            model, (len(ids[order[0]]) if n else 0) + config.max_new_tokens + block, block
+        )
+    reset_peak_memory(device)
     with tqdm(total=n, desc=desc, unit="sample", disable=not progress, leave=False) as bar:
         for start in range(0, n, batch_size):
             batch = order[start : start + batch_size]
@@ -168,7 +181,10 @@ def generate_completions(
                 nfe[i] = int(out.nfe[row])
                 latency[i] = seconds / len(batch)
             bar.update(len(batch))
-    return Generations(prompts, completions, num_tokens, nfe, finished, latency)
+    peak = peak_memory_gb(device)
+    if peak is not None:
+        logger.info("peak GPU memory while decoding: %.2f GiB (batch size %d)", peak, batch_size)
+    return Generations(prompts, completions, num_tokens, nfe, finished, latency, peak)
 
 
 # ------------------------------------------------------------------------------------------------ one run

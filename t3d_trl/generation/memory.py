@@ -1,0 +1,70 @@
+"""Batch sizes from free accelerator memory, and peak-memory readings, for decoding at large batch."""
+
+from __future__ import annotations
+
+import torch
+
+DEFAULT_BATCH_SIZE = 8  # the CPU's, and any device's whose free memory cannot be read
+MAX_AUTO_BATCH_SIZE = 128
+
+
+def decoding_bytes_per_row(model: torch.nn.Module, canvas_length: int, block_length: int) -> int:
+    """An upper estimate of the accelerator memory one row of a batch needs while decoding.
+
+    Counts the static key/value cache of the whole canvas, the canvas-wide attention mask, the activations of a
+    full-canvas forward pass (the no-cache and the approximate caches' first step; a block-causal step is
+    smaller) and the float32 logits and float64 probabilities of a block.
+    """
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    element = next((p.element_size() for p in model.parameters() if p.is_floating_point()), 4)
+    hidden = config.hidden_size
+    heads = getattr(config, "num_attention_heads", 1)
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    intermediate = getattr(config, "intermediate_size", 4 * hidden)
+    layers = config.num_hidden_layers
+    vocab = config.vocab_size
+    t = canvas_length
+    kv_cache = 2 * layers * kv_heads * head_dim * t * element
+    mask = t * t * element
+    # One layer's live activations over the canvas: residual, q/k/v, attention scores, gated MLP.
+    activations = t * (4 * hidden + 3 * intermediate) * element + heads * t * t * element
+    logits = block_length * vocab * (4 + 8 + 8)
+    return kv_cache + mask + activations + logits
+
+
+def auto_batch_size(
+    model: torch.nn.Module,
+    canvas_length: int,
+    block_length: int,
+    free_bytes: int | None = None,
+    fraction: float = 0.8,
+) -> int:
+    """How many rows to decode together: as many as ``fraction`` of the free accelerator memory holds (at most
+    ``MAX_AUTO_BATCH_SIZE``), or ``DEFAULT_BATCH_SIZE`` on the CPU.
+
+    Args:
+        canvas_length: the longest prompt plus ``max_new_tokens``.
+        block_length: decoding block length (its logits are held in float32 and float64).
+        free_bytes: free memory to plan with; default: read from the model's CUDA device.
+    """
+    if free_bytes is None:
+        device = next(model.parameters()).device
+        if device.type != "cuda":
+            return DEFAULT_BATCH_SIZE
+        free_bytes, _ = torch.cuda.mem_get_info(device)
+    per_row = decoding_bytes_per_row(model, canvas_length, block_length)
+    return max(1, min(MAX_AUTO_BATCH_SIZE, int(free_bytes * fraction) // per_row))
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Start a new peak-memory reading on a CUDA device (no-op elsewhere)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory_gb(device: torch.device) -> float | None:
+    """Peak allocated memory since the last :func:`reset_peak_memory` in GiB, ``None`` off CUDA."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.max_memory_allocated(device) / 2**30

@@ -1,0 +1,28 @@
+"""Batch sizes from free memory (``generation/memory.py``)."""
+
+from __future__ import annotations
+
+import torch
+from conftest import build_block_causal_model
+
+from t3d_trl.generation.memory import (
+    DEFAULT_BATCH_SIZE,
+    MAX_AUTO_BATCH_SIZE,
+    auto_batch_size,
+    decoding_bytes_per_row,
+    peak_memory_gb,
+)
+
+
+def test_auto_batch_size_fits_the_free_memory(tokenizer):
+    model = build_block_causal_model(tokenizer)
+    assert auto_batch_size(model, 64, 4) == DEFAULT_BATCH_SIZE  # the CPU: no free-memory reading
+    per_row = decoding_bytes_per_row(model, 64, 4)
+    # The static cache alone: 2 (keys, values) x layers x kv heads x head dim x canvas x 4 bytes.
+    assert per_row > 2 * 2 * 2 * 8 * 64 * 4
+    assert auto_batch_size(model, 64, 4, free_bytes=10 * per_row, fraction=1.0) == 10
+    assert auto_batch_size(model, 64, 4, free_bytes=per_row // 2) == 1
+    assert auto_batch_size(model, 64, 4, free_bytes=10**15) == MAX_AUTO_BATCH_SIZE
+    # A longer canvas needs more memory per row.
+    assert decoding_bytes_per_row(model, 512, 4) > 8 * per_row
+    assert peak_memory_gb(torch.device("cpu")) is None
