@@ -46,7 +46,7 @@ class CollectConfig(DiffusionGenerationConfig):
         gold_column: keep only completions whose math answer matches this column.
         filter_unfinished: drop completions without EOS.
         max_prompt_length: drop prompts longer than this many tokens.
-        batch_size: prompts decoded together.
+        batch_size: prompts decoded together (default: from free GPU memory on a GPU, else 8).
         seed: collection seed.
         output_dir: where shards and the final dataset go (rerun to resume).
         push_to_hub: push the dataset and its card to ``hub_model_id`` when done.
@@ -76,7 +76,7 @@ class CollectConfig(DiffusionGenerationConfig):
     gold_column: str | None = None
     filter_unfinished: bool = False
     max_prompt_length: int | None = None
-    batch_size: int = 8
+    batch_size: int | None = None
     seed: int = 0
     output_dir: str | None = field(
         default=None, metadata={"help": "where shards and the dataset are written"}

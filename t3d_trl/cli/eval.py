@@ -84,7 +84,12 @@ class EvalConfig:
     limit: int | None = field(
         default=None, metadata={"help": "evaluate the first N problems of each benchmark"}
     )
-    batch_size: int = field(default=8, metadata={"help": "prompts per diffusion_generate call"})
+    batch_size: int | None = field(
+        default=None,
+        metadata={
+            "help": "prompts per diffusion_generate call (default: from free GPU memory on a GPU, else 8)"
+        },
+    )
     seeds: list[int] = field(default_factory=lambda: [0], metadata={"help": "one run per seed"})
     num_samples: int = field(
         default=1, metadata={"help": "completions per problem and seed (>1 gives pass@k)"}

@@ -308,7 +308,7 @@ def evaluate_model(
     examples: Sequence[Mapping[str, Any]] | None = None,
     data_files: str | Path | None = None,
     limit: int | None = None,
-    batch_size: int = 8,
+    batch_size: int | None = 8,
     seeds: Sequence[int] = (0,),
     num_samples: int = 1,
     pass_k: Sequence[int] | None = None,
@@ -552,7 +552,7 @@ def _check_run_settings(
 
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be a positive number of problems, got {limit}")
-    if batch_size < 1:
+    if batch_size is not None and batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     if not list(seeds):
         raise ValueError("seeds must hold at least one seed")
@@ -628,7 +628,7 @@ def run_grid(
     tokenizer: Any = None,
     data_files: Mapping[str, str | Path] | None = None,
     limit: int | None = None,
-    batch_size: int = 8,
+    batch_size: int | None = 8,
     seeds: Sequence[int] = (0,),
     num_samples: int = 1,
     use_chat_template: bool = True,
