@@ -7,7 +7,10 @@ this one process, interleaved, and reported as a ratio. The approximate (Fast-dL
 models are also checked token for token against a port of Fast-dLLM's samplers, and their accuracy cost is
 measured on a trained demo teacher. The last line printed is one JSON object.
 
-    python benchmarks/bench_generation.py [--reps 3] [--threads 2] [--quick]
+Step 8 compares compiled (``compile="default"``) with eager decoding on the packaged tiny teachers and the 27M
+models, in every cache mode at batch 1 and 16, with identical tokens required; ``--compile-only`` runs it alone.
+
+    python benchmarks/bench_generation.py [--reps 3] [--threads 2] [--quick] [--compile-only]
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from functools import partial
 
 import torch
 from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
@@ -262,6 +266,101 @@ def cache_accuracy(args) -> dict[str, float | int | str]:
     return result
 
 
+def compile_models(quick: bool) -> dict[str, torch.nn.Module]:
+    """The models of the compiled-vs-eager comparison: the packaged tiny teachers and the 27M bench models."""
+    from t3d_trl import AutoModelForDiffusionLM
+    from t3d_trl.demo.quickstart import PACKAGED_TEACHERS
+
+    names = ["wordsort"] if quick else ["wordsort", "wordsort_bidirectional", "sort2"]
+    models = {
+        name: AutoModelForDiffusionLM.from_pretrained(PACKAGED_TEACHERS / name).eval() for name in names
+    }
+    if not quick:
+        models["bench27m_block_causal"] = build_model("block_causal")
+        models["bench27m_bidirectional"] = build_model("bidirectional")
+    return models
+
+
+COMPILE_MODES = {
+    "block_causal": {"exact": dict(use_cache=True), "dynamic": dict(use_cache=True, threshold=0.9)},
+    "bidirectional": {
+        "exact": dict(cache="none"),
+        "prefix": dict(cache="prefix"),
+        "dual": dict(cache="dual"),
+        "dynamic": dict(cache="none", threshold=0.9),
+    },
+}
+
+
+@torch.no_grad()
+def compile_comparison(args) -> tuple[dict, list[tuple[str, str, str]]]:
+    """8. Compiled (``compile="default"``) against eager decoding: tokens/s at batch 1 and 16 in every cache
+    mode, side by side and interleaved, with identical tokens required and the compile time reported."""
+    from t3d_trl.generation.compiled import step_for
+
+    rows, table, identical, result = [], [], True, {}
+    batches = [1] if args.quick else [1, 16]
+    for name, model in compile_models(args.quick).items():
+        diffusion = model.diffusion_config
+        tiny = name.startswith(("wordsort", "sort2"))
+        prompt_len, gen_len = (12, 8 if args.quick else 32) if tiny else (64, 64)
+        block = 4 if diffusion.is_block_causal or tiny else args.block
+        modes = COMPILE_MODES["block_causal" if diffusion.is_block_causal else "bidirectional"]
+        if args.quick:
+            modes = {"exact": modes["exact"]}
+        vocab = model.config.vocab_size
+        for batch in batches:
+            # Random prompt tokens above the specials (mask and EOS excluded).
+            prompt = torch.randint(
+                5, vocab - 1, (batch, prompt_len), generator=torch.Generator().manual_seed(3)
+            )
+            prompt[prompt == diffusion.mask_token_id] = 5
+            for mode, extra in modes.items():
+                settings = dict(
+                    max_new_tokens=gen_len, block_length=block, tokens_per_step=1, stop_at_eos=False, **extra
+                )
+                step = step_for(model, "default")
+                before = step.compile_seconds
+                compiled_out = model.diffusion_generate(prompt, compile="default", **settings)  # compiles
+                compile_s = step.compile_seconds - before
+                eager_t, compiled_t, same = [], [], True
+                for _ in range(args.reps):
+                    t, eager_out = timed(partial(model.diffusion_generate, prompt, **settings))
+                    eager_t.append(t)
+                    t, compiled_out = timed(
+                        partial(model.diffusion_generate, prompt, compile="default", **settings)
+                    )
+                    compiled_t.append(t)
+                    same &= torch.equal(eager_out, compiled_out)
+                identical &= same
+                row = {
+                    "model": name,
+                    "batch": batch,
+                    "mode": mode,
+                    "eager_tokens_per_s": round(batch * gen_len / best(eager_t), 1),
+                    "compiled_tokens_per_s": round(batch * gen_len / best(compiled_t), 1),
+                    "speedup": round(best(eager_t) / best(compiled_t), 2),
+                    "compile_s": round(compile_s, 1),
+                    "identical_tokens": bool(same),
+                }
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    tiny = next(r for r in rows if r["model"] == "wordsort" and r["batch"] == 1 and r["mode"] == "exact")
+    result["compiled_speedup_batch1_tiny"] = tiny["speedup"]
+    result["compiled_identical_tokens"] = bool(identical)
+    result["compile_rows"] = rows
+    for r in rows:
+        table.append(
+            (
+                f"compiled/eager {r['model']} b{r['batch']} {r['mode']}",
+                f"{r['speedup']:.2f}",
+                ">= 1.8" if r is tiny else "",
+            )
+        )
+    table.append(("  compiled tokens identical to eager", str(identical), "True"))
+    return result, table
+
+
 def accuracy_rows(accuracy: dict) -> list[tuple[str, str, str]]:
     """Table rows (measure, value, target) of the points each approximate cache lost."""
     return [
@@ -328,7 +427,14 @@ def main() -> None:
     parser.add_argument(
         "--accuracy-only", action="store_true", help="only the accuracy cost of the caches (step 7)"
     )
-    parser.add_argument("--quick", action="store_true", help="tiny sizes, one repetition (seconds)")
+    parser.add_argument(
+        "--compile-only", action="store_true", help="only compiled against eager decoding (step 8)"
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny sizes, one repetition (seconds); step 8 (compiling) runs only with --compile-only",
+    )
     args = parser.parse_args()
     if args.quick:
         args.reps, args.prompt_len, args.gen_len, args.cache_gen_len = 1, 16, 32, 16
@@ -338,6 +444,11 @@ def main() -> None:
         accuracy = cache_accuracy(args)
         print_table(accuracy_rows(accuracy))
         print(json.dumps(accuracy))
+        return
+    if args.compile_only:
+        compiled, table = compile_comparison(args)
+        print_table(table)
+        print(json.dumps(compiled))
         return
 
     model = build_model("bidirectional", args.quick)
@@ -426,6 +537,9 @@ def main() -> None:
     # 7. Accuracy cost of the dual cache on a trained multi-block bidirectional teacher.
     accuracy = cache_accuracy(args)
 
+    # 8. Compiled against eager decoding (compiling takes tens of seconds: not in a --quick run).
+    compiled, compile_table = ({}, []) if args.quick else compile_comparison(args)
+
     tokps1 = best(tokps_t[1])
     result = {
         "model_params": params,
@@ -454,6 +568,7 @@ def main() -> None:
         "prefix_cache_agreement_random_model": round(agree["prefix"], 4),
         "dual_cache_agreement_random_model": round(agree["dual"], 4),
         **accuracy,
+        **compiled,
     }
     rows = [
         ("sampler overhead (share of wall)", f"{result['sampler_overhead']:.2%}", "<= 2%"),
@@ -483,6 +598,7 @@ def main() -> None:
             "True",
         ),
         *accuracy_rows(accuracy),
+        *compile_table,
         (
             "static TokPS 1: NFE / tokens per s",
             f"{result['static_nfe']} / {result['static_tokens_per_s']}",

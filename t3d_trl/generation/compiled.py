@@ -1,11 +1,12 @@
-"""The denoising step of a model, run eagerly or through ``torch.compile``.
+"""The model's forward pass of a denoising step, run eagerly or through ``torch.compile``.
 
-A step is two pure functions: the model's forward over a window of the canvas (:func:`forward_window`) and the
-token proposal with its scores (:func:`~.remasking.propose_tokens`). With a static cache every step of a
-decoding mode has the same shapes, so each function is compiled once per shape and reused
-by every later step and generation; ``mode="reduce-overhead"`` also captures CUDA graphs. Compiling is an
-optimisation only: where it is not possible (no compiler, an unsupported model, an error while compiling) the
-step falls back to eager with one warning.
+With a static cache every step of a decoding mode has the same shapes, so the forward over a window of the
+canvas (:func:`forward_window`) is compiled once per shape and reused by every later step and generation;
+``mode="reduce-overhead"`` also captures CUDA graphs. The proposal and its scores
+(:func:`~.remasking.propose_tokens`) stay eager: a handful of operations on one block, whose float64 softmax
+must equal upstream's bit for bit (a compiled reduction may round the last bit differently and reorder tied
+positions). Compiling is an optimisation only: where it is not possible (no compiler, an unsupported model, an
+error while compiling) decoding falls back to eager with one warning.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import torch
 
 from ..models.diffusion_config import DiffusionConfig
 from ..models.forward import accepts_4d_mask, cache_keyword, unwrap_model
-from .remasking import propose_tokens
 from .static_cache import StaticKVCache
 
 logger = logging.getLogger(__name__)
@@ -77,9 +77,6 @@ class EagerStep:
     def forward(self, *args: Any) -> torch.Tensor:
         return forward_window(*args)
 
-    def propose(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        return propose_tokens(*args, **kwargs)
-
     def cache(
         self, model: torch.nn.Module, batch: int, length: int, dtype: torch.dtype, device
     ) -> StaticKVCache:
@@ -105,28 +102,29 @@ class CompiledStep(EagerStep):
         # and the no-cache canvas of block-causal models) compile twice, not once per block.
         options = dict(mode=None if mode == "default" else mode, dynamic=None)
         self._forward = torch.compile(forward_window, **options)
-        self._propose = torch.compile(propose_tokens, **options)
         self._caches: dict[tuple, StaticKVCache] = {}
         self._seen: set[tuple] = set()
         self.compile_seconds = 0.0
         self.failed = False
 
-    def _call(self, compiled, eager, key: tuple, *args: Any, **kwargs: Any):
+    def forward(self, *args: Any) -> torch.Tensor:
         if self.failed:
-            return eager(*args, **kwargs)
+            return forward_window(*args)
+        key = tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor))
         first = key not in self._seen
         began = time.perf_counter()
         try:
-            out = compiled(*args, **kwargs)
+            out = self._forward(*args)
         except Exception as error:  # noqa: BLE001 -- any compiler failure means: decode eagerly
             self.failed = True
+            message = str(error).splitlines()[0] if str(error) else ""
             warnings.warn(
                 f"torch.compile(mode={self.mode!r}) of the decoding step of {self.model_name} failed "
-                f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); decoding eagerly",
+                f"({type(error).__name__}: {message}); decoding eagerly",
                 RuntimeWarning,
                 stacklevel=4,
             )
-            return eager(*args, **kwargs)
+            return forward_window(*args)
         if first:
             self._seen.add(key)
             seconds = time.perf_counter() - began
@@ -140,14 +138,6 @@ class CompiledStep(EagerStep):
                 seconds,
             )
         return out
-
-    def forward(self, *args: Any) -> torch.Tensor:
-        key = ("forward", *(tuple(a.shape) for a in args if isinstance(a, torch.Tensor)))
-        return self._call(self._forward, forward_window, key, *args)
-
-    def propose(self, logits: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        key = ("propose", tuple(logits.shape), *args)
-        return self._call(self._propose, propose_tokens, key, logits, *args, **kwargs)
 
     def cache(
         self, model: torch.nn.Module, batch: int, length: int, dtype: torch.dtype, device

@@ -37,9 +37,9 @@ from ..models.masks import (
     padding_attention_mask,
     position_ids_from_valid,
 )
-from .compiled import EagerStep, ForwardSpec, forward_window, step_for
+from .compiled import EagerStep, ForwardSpec, step_for
 from .configuration import DiffusionGenerationConfig
-from .remasking import draw_noise, select_dynamic, select_static, transfer_schedule
+from .remasking import draw_noise, propose_tokens, select_dynamic, select_static, transfer_schedule
 
 
 @dataclass
@@ -317,7 +317,7 @@ def denoise_step(
     )
     if cols is not None:
         noise = tuple(None if n is None else n[:, cols] for n in noise)
-    x0, score = runner.step.propose(
+    x0, score = propose_tokens(
         logits, config.temperature, config.remasking, config.top_k, config.top_p, None, runner.mask_id, noise
     )
     if cols is not None:
@@ -394,19 +394,17 @@ class BlockRunner:
         self.cached = diffusion.is_block_causal and use_cache
         self.approximate = "none" if diffusion.is_block_causal else approximate
         batch, total = canvas.tokens.shape
+        device = canvas.tokens.device
         self.mask = self._canvas_mask()
         self.cache = None
         if self.cached or self.approximate != "none":
-            self.cache = self.step.cache(model, batch, total, self.dtype, canvas.tokens.device)
+            self.cache = self.step.cache(model, batch, total, self.dtype, device)
         self.cache_len = 0  # block-causal: canvas positions whose final keys/values are cached
         self.cached_block: int | None = None  # approximate cache: start of the block it was refreshed for
         if self.cached and canvas.prefix > 0:
-            # The whole prompt blocks, once and eagerly (their length is the prompt's, not a step's).
-            prefix = canvas.prefix
-            self.cache.write_window_at(0)
-            keep = torch.tensor([prefix - 1], device=canvas.tokens.device)
-            forward_window(model, self.spec, *self._window(canvas.tokens, 0, prefix, True), keep, self.cache)
-            self.cache_len = prefix
+            # The whole prompt blocks, once (logits of one position only: nothing reads them).
+            self._run(canvas.tokens, 0, canvas.prefix, torch.tensor([canvas.prefix - 1], device=device), True)
+            self.cache_len = canvas.prefix
 
     def _canvas_mask(self) -> torch.Tensor:
         """``[B, 1, T, T]`` additive mask of the whole canvas (decoders), ``[B, T]`` padding mask (encoders)."""
