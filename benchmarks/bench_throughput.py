@@ -15,7 +15,11 @@ token per step: the ``nfe`` column says how many forward passes a configuration 
 show the per-step cost, not the step savings of a trained model. Every configuration's row is printed (and
 appended to ``--output``) as soon as it is measured; the last line printed is one JSON object.
 
-    python benchmarks/bench_throughput.py [--device cuda] [--reps 2] [--output rows.jsonl] [--quick]
+With ``--compile`` every configuration is also decoded with ``compile="reduce-overhead"`` (CUDA graphs; ``default``
+on the CPU), at batch 1, 16, 64 and 128 by default: its tokens/s, its speed-up over eager, its compile time, and
+whether its tokens equal eager's. On CUDA every row reports the peak GPU memory of its decoding.
+
+    python benchmarks/bench_throughput.py [--device cuda] [--reps 2] [--output rows.jsonl] [--compile] [--quick]
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from t3d_trl import DiffusionConfig, add_diffusion_generation
+from t3d_trl.generation.compiled import step_for
+from t3d_trl.generation.memory import peak_memory_gb, reset_peak_memory
 
 QWEN3_1_7B = dict(
     vocab_size=151_936,
@@ -94,20 +100,59 @@ def timed(device: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tup
     return time.perf_counter() - start, out
 
 
+def compiled_row(
+    args: argparse.Namespace,
+    model: torch.nn.Module,
+    prompt: torch.Tensor,
+    settings: dict,
+    mode: str,
+    eager_wall: float,
+    eager_out: Any,
+) -> dict[str, Any]:
+    """The compiled columns of a row: one untimed generation compiles (and captures graphs), then the best of
+    ``--reps`` timed ones, their peak memory, and whether their tokens equal the eager ones."""
+    step = step_for(model, mode)
+    before = step.compile_seconds
+    model.diffusion_generate(prompt, **settings, compile=mode)
+    compile_s = step.compile_seconds - before
+    reset_peak_memory(torch.device(args.device))
+    walls, out = [], None
+    for _ in range(args.reps):
+        wall, out = timed(args.device, model.diffusion_generate, prompt, **settings, compile=mode)
+        walls.append(wall)
+    wall = min(walls)
+    peak = peak_memory_gb(torch.device(args.device))
+    return {
+        "compiled_wall_s": round(wall, 3),
+        "compiled_tokens_per_s": round(prompt.shape[0] * args.gen_len / wall, 1),
+        "compiled_speedup": round(eager_wall / wall, 2),
+        "compile_s": round(compile_s, 1),
+        "compiled_peak_memory_gb": None if peak is None else round(peak, 2),
+        "compiled_identical_tokens": bool(torch.equal(out.sequences, eager_out.sequences)),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16])
+    parser.add_argument(
+        "--batch-sizes", type=int, nargs="+", default=None, help="default 1 16 (--compile: 1 16 64 128)"
+    )
     parser.add_argument("--prompt-len", type=int, default=256)
     parser.add_argument("--gen-len", type=int, default=256)
     parser.add_argument("--block", type=int, default=32, help="bidirectional decoding block")
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--output", default=None, help="append every row to this JSON-lines file")
+    parser.add_argument(
+        "--compile", action="store_true", help="also decode compiled (reduce-overhead on CUDA) and compare"
+    )
     parser.add_argument("--quick", action="store_true", help="tiny model, short decode (seconds, any device)")
     args = parser.parse_args()
     shape = QWEN3_1_7B
+    if args.batch_sizes is None:
+        args.batch_sizes = [1, 16, 64, 128] if args.compile else [1, 16]
     if args.quick:
         shape, args.batch_sizes, args.prompt_len, args.gen_len, args.block, args.reps = (
             TINY,
@@ -118,13 +163,21 @@ def main() -> None:
             1,
         )
     dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
+    mode = "reduce-overhead" if args.device.startswith("cuda") else "default"
+    configs = CONFIGS
+    if args.quick and args.compile:  # compiling takes tens of seconds per shape: one mode per model
+        configs = {
+            kind: {name: CONFIGS[kind][name]}
+            for kind, name in (("bidirectional", "dual"), ("block_causal", "exact"))
+        }
+        args.batch_sizes = [2]
     device_name = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "cpu"
     print(
         f"device: {device_name}; dtype {dtype}; prompt {args.prompt_len}, generate {args.gen_len}", flush=True
     )
 
     rows = []
-    for attention, configs in CONFIGS.items():
+    for attention, modes in configs.items():
         model = build_model(attention, shape, args.device, dtype)
         block = 4 if attention == "block_causal" else args.block
         params = sum(p.numel() for p in model.parameters())
@@ -142,14 +195,16 @@ def main() -> None:
                 stop_at_eos=False,
                 return_dict_in_generate=True,
             )
-            for name, extra in configs.items():
+            for name, extra in modes.items():
                 # Warm-up on one block (kernels, allocator), then the timed repetitions.
                 model.diffusion_generate(prompt, **{**base, **extra, "max_new_tokens": block})
+                reset_peak_memory(torch.device(args.device))
                 walls, out = [], None
                 for _ in range(args.reps):
                     wall, out = timed(args.device, model.diffusion_generate, prompt, **base, **extra)
                     walls.append(wall)
                 wall = min(walls)
+                peak = peak_memory_gb(torch.device(args.device))
                 row = {
                     "model": "llada_like" if attention == "bidirectional" else "sdar_like",
                     "params": params,
@@ -159,7 +214,10 @@ def main() -> None:
                     "wall_s": round(wall, 3),
                     "tokens_per_s": round(batch * args.gen_len / wall, 1),
                     "nfe": int(out.nfe.max()),
+                    "peak_memory_gb": None if peak is None else round(peak, 2),
                 }
+                if args.compile:
+                    row.update(compiled_row(args, model, prompt, {**base, **extra}, mode, wall, out))
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 if args.output:
@@ -170,12 +228,31 @@ def main() -> None:
             torch.cuda.empty_cache()
 
     print()
-    print(f"{'model':<12}{'batch':>6}{'decoding':>14}{'tokens/s':>12}{'nfe':>6}")
+    header = f"{'model':<12}{'batch':>6}{'decoding':>14}{'tokens/s':>12}{'nfe':>6}{'peak GiB':>10}"
+    if args.compile:
+        header += f"{'compiled tok/s':>16}{'speed-up':>10}{'compile s':>11}{'identical':>10}"
+    print(header)
     for row in rows:
-        print(
+        line = (
             f"{row['model']:<12}{row['batch']:>6}{row['decoding']:>14}{row['tokens_per_s']:>12}{row['nfe']:>6}"
+            f"{str(row['peak_memory_gb']):>10}"
         )
-    print(json.dumps({"device": device_name, "dtype": str(dtype), "rows": rows}))
+        if args.compile:
+            line += (
+                f"{row['compiled_tokens_per_s']:>16}{row['compiled_speedup']:>10}{row['compile_s']:>11}"
+                f"{str(row['compiled_identical_tokens']):>10}"
+            )
+        print(line)
+    summary = {"device": device_name, "dtype": str(dtype), "rows": rows}
+    if args.compile:
+        summary["compile_mode"] = mode
+        summary["compiled_identical_tokens"] = all(row["compiled_identical_tokens"] for row in rows)
+        summary["compiled_speedup_batch1"] = {
+            row["model"]: row["compiled_speedup"]
+            for row in rows
+            if row["batch"] == 1 and row["decoding"] == "exact"
+        }
+    print(json.dumps(summary))
 
 
 if __name__ == "__main__":

@@ -112,3 +112,12 @@ def test_compile_setting_is_validated_and_saved_with_the_defaults():
         DiffusionGenerationConfig(compile="fast")
     config = DiffusionGenerationConfig(compile="reduce-overhead")
     assert DiffusionGenerationConfig.from_dict(config.to_dict()).compile == "reduce-overhead"
+
+
+def test_lm_eval_model_reads_the_compile_setting(tokenizer):
+    pytest.importorskip("lm_eval")
+    from t3d_trl.integrations.lm_eval import DiffusionLM
+
+    model = build_block_causal_model(tokenizer)
+    lm = DiffusionLM(pretrained=model, tokenizer=tokenizer, device="cpu", compile="reduce-overhead")
+    assert lm.generation_config.compile == "reduce-overhead"
