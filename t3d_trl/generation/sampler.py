@@ -32,9 +32,9 @@ import torch
 from transformers import Cache, DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from ..models.diffusion_config import DiffusionConfig
-from ..models.forward import accepts_4d_mask, diffusion_forward
-from ..models.masks import (
+from ..diffusion.config import DiffusionConfig
+from ..diffusion.forward import accepts_4d_mask, diffusion_forward
+from ..diffusion.masks import (
     block_attention_mask,
     padding_attention_mask,
     position_ids_from_valid,

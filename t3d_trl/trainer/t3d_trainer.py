@@ -30,10 +30,10 @@ from trl.trainer.utils import disable_dropout_in_model, get_config_model_id, use
 
 from ..data.collator import DataCollatorForDiffusion, diffusion_attention_mask
 from ..data.schema import TrajectoryMetadata
+from ..diffusion.config import require_diffusion_config
+from ..diffusion.forward import accepts_4d_mask, diffusion_forward, unwrap_model
 from ..generation.configuration import DiffusionGenerationConfig
 from ..models.auto import AutoModelForDiffusionLM, save_adapter_defaults
-from ..models.diffusion_config import require_diffusion_config
-from ..models.forward import accepts_4d_mask, diffusion_forward, unwrap_model
 from ..utils import check_process_count
 from . import losses
 from .config import REFERENCE_LOSSES, TRAJECTORY_LOSSES, T3DConfig
