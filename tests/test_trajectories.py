@@ -212,7 +212,7 @@ def test_approximate_cache_collection_says_so(tmp_path, tokenizer, bidirectional
         dataset = collect(bidirectional_model, tokenizer, tmp_path / "dual", generation_config=config)
     metadata = TrajectoryMetadata.from_dataset(dataset)
     assert metadata.cache == "dual" and metadata.approximate and metadata.schedule == "llada"
-    assert "cache='dual' is approximate" in caplog.text
+    assert "cache_implementation='dual' is approximate" in caplog.text
     exact = collect(
         bidirectional_model, tokenizer, tmp_path / "exact", generation_config=config.update(cache="none")
     )

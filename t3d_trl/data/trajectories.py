@@ -276,9 +276,9 @@ def _teacher_settings(
     config = config.update(
         block_length=block_length, eos_token_id=eos_ids, return_dict_in_generate=True, output_history=False
     )
-    if config.cache != "none":
+    if config.approximate_cache is not None:
         logger.warning(
-            f"cache={config.cache!r} is approximate: later steps of a block see keys/values computed at its first "
+            f"cache_implementation={config.approximate_cache!r} is approximate: later steps of a block see keys/values computed at its first "
             "step, so the trajectories are not the teacher's exact decoding (the metadata records it)"
         )
     chat = options.use_chat_template and bool(getattr(tokenizer, "chat_template", None))
@@ -302,7 +302,7 @@ def _teacher_settings(
         t3d_trl_version=__version__,
         threshold=config.threshold,
         schedule=config.schedule,
-        cache=config.cache,
+        cache=config.approximate_cache or "none",
     )
     return config, metadata
 

@@ -129,6 +129,30 @@ def adapter_base_model(name_or_path: str, **hub_kwargs: Any) -> str | None:
     return base
 
 
+def read_model_kind(name_or_path: str, **hub_kwargs: Any) -> tuple[bool, bool]:
+    """``(is_block_causal, is_decoder)`` of a checkpoint, read from its config files without loading weights.
+
+    What the decoding settings that depend on the model need (:meth:`DiffusionGenerationConfig.check_model`),
+    so that a grid checks every model before its first generation. A ``peft`` adapter answers for its base
+    model (or the description saved with it).
+    """
+    base = adapter_base_model(name_or_path, **hub_kwargs)
+    if base is not None:
+        saved = read_json(name_or_path, ADAPTER_DEFAULTS_FILE, hub_kwargs, required=False) or {}
+        if saved.get(DIFFUSION_KEY):
+            attention = saved[DIFFUSION_KEY].get("attention")
+            return attention == "block_causal", read_model_kind(base)[1]
+        return read_model_kind(base)
+    raw = read_json(name_or_path, CONFIG_FILE, hub_kwargs, required=False) or {}
+    family = get_family(raw.get("model_type"))
+    if raw.get(DIFFUSION_KEY):
+        attention = raw[DIFFUSION_KEY].get("attention")
+    else:
+        attention = family.attention if family is not None else "bidirectional"
+    is_decoder = not any(arch.endswith("ForMaskedLM") for arch in raw.get("architectures") or [])
+    return attention == "block_causal", is_decoder
+
+
 def save_adapter_defaults(model: torch.nn.Module, folder: str | os.PathLike) -> None:
     """Write the diffusion description and decoding defaults of an adapter's model next to the adapter."""
     config = unwrap_model(model).config
