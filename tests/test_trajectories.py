@@ -96,6 +96,25 @@ def test_round_trip_through_save_to_disk(tmp_path, tokenizer, bidirectional_mode
         assert loaded.to_list() == dataset.to_list()
 
 
+def test_a_truncated_dataset_file_is_named_and_a_rerun_rebuilds_it_from_the_shards(
+    tmp_path, tokenizer, bidirectional_model
+):
+    run = tmp_path / "run"
+    expected = list(collect(bidirectional_model, tokenizer, run)["completion_ids"])
+    [arrow] = run.glob("*.arrow")
+    with open(arrow, "r+b") as f:  # a crash or a partial copy: the file ends early
+        f.truncate(arrow.stat().st_size // 2)
+    with pytest.raises(ValueError) as info:
+        load_trajectories(str(run))
+    message = str(info.value)
+    assert str(run) in message and arrow.name in message and "is damaged" in message
+    assert "rerunning `t3d-trl collect` into the same folder rebuilds it from its shards" in message
+    collect(
+        bidirectional_model, tokenizer, run
+    )  # the same call again: every shard is valid, nothing is decoded
+    assert list(load_trajectories(str(run))["completion_ids"]) == expected
+
+
 def test_card_renders_metadata_and_loads_back(tmp_path, tokenizer, bidirectional_model):
     dataset = collect(bidirectional_model, tokenizer, tmp_path / "run")
     metadata = TrajectoryMetadata.from_dataset(dataset)
