@@ -171,3 +171,25 @@ def test_terminal_streamer_redraws_in_place_with_the_new_tokens_highlighted(toke
     assert second.count("\x1b[1;7m") == 4 and MASK_GLYPH not in second
     streamer.end()
     assert stream.getvalue().endswith("\n")
+
+
+def test_generate_show_steps_draws_every_pass_then_the_totals(capsys):
+    from t3d_trl.cli.main import main
+    from t3d_trl.evaluation.runner import generate_completions, load_model
+
+    path = str(PACKAGED_TEACHERS / "sort2")
+    prompt = "h c a f b e d g ="
+    assert (
+        main(["generate", "--model", path, "--prompt", prompt, "--tokens_per_step", "2", "--show_steps"]) == 0
+    )
+    captured = capsys.readouterr()
+    model, tokenizer = load_model(path, device="cpu")
+    config = model.diffusion_generation_config.update(tokens_per_step=2)
+    expected = generate_completions(model, tokenizer, [prompt], config, progress=False)
+    assert captured.out == expected.completions[0] + "\n"
+    lines = captured.err.splitlines()
+    statuses = [i for i, line in enumerate(lines) if line.startswith("block ")]
+    assert len(statuses) == expected.nfe[0] == 4 and lines[statuses[-1]] == "block 1 | step 4 | nfe 4"
+    canvases = [lines[i - 1] for i in statuses]
+    assert canvases[0].count(MASK_GLYPH) == 6 and canvases[-1] == expected.completions[0]
+    assert lines[-1].startswith(f"nfe=4 tokens={expected.num_tokens[0]} tokens/step=2.00 seconds=")
