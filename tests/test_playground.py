@@ -230,3 +230,18 @@ def test_browser_runs_the_sort2_teacher_and_survives_bad_input(browser_page, tmp
     _wait(driver, "#t3d-view-0 .t3d-stats[data-done='1']")
     assert driver.find_element(By.CSS_SELECTOR, "#t3d-view-0 .t3d-text").text == text
     assert not driver.find_elements(By.CSS_SELECTOR, "#t3d-status .t3d-error")
+
+
+def test_space_entry_point_builds_the_page_from_its_variables(monkeypatch):
+    import runpy
+    from pathlib import Path
+
+    import gradio
+
+    monkeypatch.setenv("T3D_TRL_MODELS", f"teacher={SORT2}")
+    monkeypatch.setenv("T3D_TRL_COLUMNS", "teacher:tokens_per_step=1 teacher:tokens_per_step=4")
+    app = Path(__file__).parent.parent / "examples" / "space_app.py"
+    demo = runpy.run_path(str(app))["demo"]
+    assert isinstance(demo, gradio.Blocks)
+    dropdowns = [block for block in demo.blocks.values() if getattr(block, "elem_id", None) == "t3d-model-1"]
+    assert dropdowns[0].value == "teacher"

@@ -42,7 +42,7 @@ COLUMN_FIELDS = (
 )
 _INTRO = (
     "### t3d-trl playground\n"
-    "Each column decodes the prompt with a model and its decoding settings (empty: the model's saved ones). "
+    "Each column decodes the prompt with a model and its decoding settings (0: the model's saved ones). "
     "Masked positions show as ░; every token sits on the colour of the forward pass that committed it (hover "
     "for the step), the latest pass's tokens outlined. NFE counts forward passes."
 )
@@ -197,8 +197,9 @@ def build_app(
                 for i in range(MAX_COLUMNS):
                     spec = specs[i] if i < len(specs) else ColumnSpec(OFF)
                     with gr.Column(elem_id=f"t3d-column-{i}"):
-                        inputs += _column_inputs(gr, i, spec, registry.names)
-                        views.append(gr.HTML(elem_id=f"t3d-view-{i}"))
+                        column_inputs, view = _column_inputs(gr, i, spec, registry.names)
+                        inputs += column_inputs
+                        views.append(view)
 
             def on_run(prompt_text, use_chat, seconds, *values):
                 for status_html, htmls in decode_page(registry, prompt_text, use_chat, seconds, values):
@@ -223,22 +224,24 @@ def build_app(
     return app
 
 
-def _column_inputs(gr: Any, index: int, spec: ColumnSpec, names: list[str]) -> list[Any]:
-    """The inputs of one column, in ``COLUMN_FIELDS`` order."""
+def _column_inputs(gr: Any, index: int, spec: ColumnSpec, names: list[str]) -> tuple[list[Any], Any]:
+    """The inputs of one column (in ``COLUMN_FIELDS`` order) and its view, which sits under the model box."""
     model = gr.Dropdown(
         [OFF, *names],
-        value=spec.model if spec.model in names or spec.model == OFF else spec.model,
+        value=spec.model,
         allow_custom_value=True,
         label=f"column {index + 1}: model (a name, a folder or a Hub id)",
         elem_id=f"t3d-model-{index}",
     )
-    with gr.Row():
-        tokps = gr.Number(value=spec.tokens_per_step, precision=0, label="tokens per step")
-        threshold = gr.Number(value=spec.threshold, label="threshold (empty: static)")
-    with gr.Row():
-        block = gr.Number(value=spec.block_length, precision=0, label="block length")
-        new_tokens = gr.Number(value=spec.max_new_tokens, precision=0, label="max new tokens")
-    with gr.Row():
-        cache = gr.Dropdown(CACHE_CHOICES, value=spec.cache or CACHE_CHOICES[0], label="cache")
-        temperature = gr.Number(value=spec.temperature, label="temperature (empty: saved)")
-    return [model, tokps, threshold, block, new_tokens, cache, temperature]
+    view = gr.HTML(elem_id=f"t3d-view-{index}")
+    with gr.Accordion("decoding settings (0: the model's saved setting)", open=True):
+        with gr.Row():
+            tokps = gr.Number(value=spec.tokens_per_step, precision=0, label="tokens per step")
+            threshold = gr.Number(value=spec.threshold, label="threshold (0: static)")
+        with gr.Row():
+            block = gr.Number(value=spec.block_length, precision=0, label="block length")
+            new_tokens = gr.Number(value=spec.max_new_tokens, precision=0, label="max new tokens")
+        with gr.Row():
+            cache = gr.Dropdown(CACHE_CHOICES, value=spec.cache or CACHE_CHOICES[0], label="cache")
+            temperature = gr.Number(value=spec.temperature, label="temperature")
+    return [model, tokps, threshold, block, new_tokens, cache, temperature], view

@@ -64,7 +64,7 @@ def canvas_html(state: CanvasState) -> str:
         )
     separator = html.escape(state.separator).replace(" ", "&nbsp;")
     return (
-        '<div class="t3d-canvas" style="font-family:ui-monospace,monospace;font-size:1.05em;line-height:1.9;'
+        '<div class="t3d-canvas" style="font-family:ui-monospace,monospace;font-size:1.2em;line-height:2;'
         'white-space:pre-wrap;word-break:break-all">' + separator.join(cells) + "</div>"
     )
 
