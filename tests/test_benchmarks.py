@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import BENCHMARK_ROWS
+from testing_utils import BENCHMARK_ROWS
 
 from t3d_trl.data.prompts import CODE_PROMPT, MATH_PROMPT
 from t3d_trl.evaluation.benchmarks import (

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import build_bidirectional_model, build_trajectories, free_port
+from testing_utils import build_bidirectional_model, build_trajectories, free_port
 
 from t3d_trl import DiffusionGenerationConfig
 from t3d_trl.cli.main import main

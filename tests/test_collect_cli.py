@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 import yaml
-from conftest import free_port
+from testing_utils import free_port
 
 from t3d_trl import TrajectoryMetadata, load_trajectories
 from t3d_trl.cli.collect import CollectConfig, load_source_dataset

@@ -11,9 +11,9 @@ from pathlib import Path
 import lm_eval
 import pytest
 import torch
-from conftest import build_bidirectional_model, build_block_causal_model, free_port
 from lm_eval.api.instance import Instance
 from lm_eval.tasks import TaskManager
+from testing_utils import build_bidirectional_model, build_block_causal_model, free_port
 
 from t3d_trl.cli.main import COMMANDS
 from t3d_trl.cli.main import main as cli_main

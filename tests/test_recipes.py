@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import datasets
 import pytest
 import yaml
-from conftest import build_bidirectional_model, build_block_causal_model, build_tokenizer
+from testing_utils import build_bidirectional_model, build_block_causal_model, build_tokenizer
 
 from t3d_trl import DiffusionGenerationConfig, TrajectoryMetadata, load_trajectories
 from t3d_trl.cli import collect as collect_cli

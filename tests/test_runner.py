@@ -9,7 +9,7 @@ import statistics
 
 import pytest
 import torch
-from conftest import BENCHMARK_ROWS, build_block_causal_model
+from testing_utils import BENCHMARK_ROWS, build_block_causal_model
 
 from t3d_trl import DiffusionGenerationConfig, DiffusionGenerationOutput
 from t3d_trl.data.prompts import render_prompt

@@ -11,7 +11,7 @@ import datasets
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import (
+from testing_utils import (
     build_bidirectional_model,
     build_block_causal_model,
     build_tokenizer,
