@@ -146,6 +146,8 @@ def _cli_worker(rank: int, port: int, argv: list[str], log_dir: str) -> None:
     torch.distributed.destroy_process_group()
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 @pytest.mark.skipif("fork" not in torch.multiprocessing.get_all_start_methods(), reason="needs fork")
 def test_two_processes_print_the_final_line_once(recipe, tmp_path):
     path, values = recipe

@@ -152,6 +152,8 @@ def test_loglikelihood_prefers_the_valid_answer_and_is_reproducible(task_dir):
     assert other_seed.loglikelihood(requests[:1])[0][0] != pytest.approx(valid, rel=1e-9)
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_data_parallel_run_matches_one_process(tokenizer, task_dir, tmp_path):
     """Two processes (torchrun, gloo on the CPU) split the requests and give the one-process answers."""
     model = build_bidirectional_model(tokenizer)
