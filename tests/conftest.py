@@ -55,6 +55,20 @@ def benchmark_files(tmp_path):
     return paths
 
 
+@pytest.fixture(autouse=True)
+def _isolated_benchmark_registry():
+    """Whatever a test registers (directly, through ``--benchmark_modules`` or the quickstart) is gone after it:
+    the benchmark registry is global state, and a leak would change what later tests see."""
+    import sys
+
+    module = sys.modules.get("t3d_trl.evaluation.benchmarks")
+    before = dict(module.BENCHMARKS) if module is not None else None
+    yield
+    if before is not None:
+        module.BENCHMARKS.clear()
+        module.BENCHMARKS.update(before)
+
+
 @pytest.fixture
 def single_thread():
     """Run a test's tiny-model forwards on one thread: on a shared, busy CPU two threads are many times slower."""

@@ -39,6 +39,7 @@ def test_every_public_name_resolves_to_its_module_object(name):
     assert value.__name__ == name and value.__module__.startswith("t3d_trl.")
 
 
+@pytest.mark.slow
 @pytest.mark.subprocess
 def test_public_names_resolve_in_a_fresh_process_whatever_is_imported_first():
     # Importing a leaf package first once broke on the models <-> generation import cycle.

@@ -319,6 +319,7 @@ def test_prepare_sft_data_renders_prompts_and_drops_long_rows(prepare_script):
         prepare_script.to_prompt_completion(prepared, tokenizer, "prompt", "answer")
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("single_thread")
 @pytest.mark.parametrize("folder", list(PIPELINES))
 def test_tiny_copies_of_every_stage_run(folder, tmp_path, benchmark_files, prepare_script, capsys):

@@ -4,8 +4,10 @@ token, tiny models built in-process, benchmark rows and teacher trajectories. Fi
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import string
+from collections.abc import Iterator
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
@@ -227,3 +229,17 @@ def build_trajectories(teacher, tokenizer, prompts, max_new_tokens: int = 16, bl
         eos_token_ids=[eos],
     )
     return metadata.attach(datasets.Dataset.from_list(rows))
+
+
+@contextlib.contextmanager
+def registered_benchmark(name: str, benchmark) -> Iterator:
+    """Register ``benchmark`` under ``name`` for the ``with`` block only: the registry is restored afterwards, so
+    a test's benchmark never leaks into later tests (the registry is global state)."""
+    from t3d_trl.evaluation.benchmarks import BENCHMARKS, register_benchmark
+
+    before = dict(BENCHMARKS)
+    try:
+        yield register_benchmark(name, benchmark, overwrite=True)
+    finally:
+        BENCHMARKS.clear()
+        BENCHMARKS.update(before)
