@@ -120,6 +120,7 @@ def generate_completions(
     generator: torch.Generator | None = None,
     progress: bool = True,
     desc: str | None = None,
+    streamer: Any = None,
 ) -> Generations:
     """Decode one completion per user message with ``model.diffusion_generate``.
 
@@ -137,6 +138,8 @@ def generate_completions(
         generator: random generator for sampling (``temperature > 0``) and random remasking.
         progress: show a progress bar.
         desc: its label.
+        streamer: a :class:`~t3d_trl.generation.streamers.DiffusionStreamer` handed to every batch's
+            ``diffusion_generate`` (it sees the batches in the sorted order).
     """
     if isinstance(messages, str):
         raise TypeError("messages must be a sequence of str, not a single str")
@@ -159,7 +162,7 @@ def generate_completions(
             _synchronize(device)
             began = time.perf_counter()
             out = model.diffusion_generate(
-                input_ids, attention_mask, generation_config=config, generator=generator
+                input_ids, attention_mask, generation_config=config, generator=generator, streamer=streamer
             )
             _synchronize(device)
             seconds = time.perf_counter() - began
@@ -375,6 +378,7 @@ def run_grid(
     block_lengths: Sequence[int] = (4,),
     tokens_per_step: Sequence[int] = (1,),
     thresholds: Sequence[float] = (),
+    steps: Sequence[int] = (),
     generation_kwargs: Mapping[str, Any] | None = None,
     tokenizer: Any = None,
     data_files: Mapping[str, str | Path] | None = None,
@@ -396,7 +400,7 @@ def run_grid(
             first one is the reference of the table's "Gain" column (put the original model first). Paths are
             loaded one at a time and released after their runs.
         benchmarks: benchmark names or :class:`~t3d_trl.evaluation.benchmarks.Benchmark` objects.
-        block_lengths, tokens_per_step, thresholds: the grid (see :func:`grid_settings`).
+        block_lengths, tokens_per_step, thresholds, steps: the grid (see :func:`grid_settings`).
         generation_kwargs: other ``DiffusionGenerationConfig`` fields for every run (``max_new_tokens``,
             ``temperature``, ``remasking``...), applied over each model's saved defaults.
         tokenizer: the tokenizer of models given as objects without one.
@@ -417,7 +421,7 @@ def run_grid(
     """
     if not models:
         raise ValueError("models must name at least one model")
-    settings = grid_settings(block_lengths, tokens_per_step, thresholds)
+    settings = grid_settings(block_lengths, tokens_per_step, thresholds, steps)
     benchmarks, data_files = grid_benchmarks(benchmarks, data_files, code_extraction)
     generation_kwargs = dict(generation_kwargs or {})
     check_run_settings(models, settings, generation_kwargs, limit, batch_size, seeds, num_samples, tokenizer)

@@ -32,15 +32,16 @@ import torch
 from transformers import Cache, DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from ..models.diffusion_config import DiffusionConfig
-from ..models.forward import accepts_4d_mask, diffusion_forward
-from ..models.masks import (
+from ..diffusion.config import DiffusionConfig
+from ..diffusion.forward import accepts_4d_mask, diffusion_forward
+from ..diffusion.masks import (
     block_attention_mask,
     padding_attention_mask,
     position_ids_from_valid,
 )
 from .configuration import DiffusionGenerationConfig
 from .remasking import propose_tokens, select_dynamic, select_static, transfer_schedule
+from .streamers import DiffusionStreamer, make_step
 
 
 @dataclass
@@ -169,8 +170,10 @@ def diffusion_generate(
     attention_mask: torch.Tensor | None,
     config: DiffusionGenerationConfig,
     generator: torch.Generator | None = None,
+    streamer: DiffusionStreamer | None = None,
 ) -> torch.Tensor | DiffusionGenerationOutput:
-    """Decode ``config.max_new_tokens`` tokens after each prompt. See the module docstring."""
+    """Decode ``config.max_new_tokens`` tokens after each prompt. See the module docstring; ``streamer`` (see
+    :mod:`t3d_trl.generation.streamers`) sees the canvas after every forward pass."""
     valid = _check_inputs(input_ids, attention_mask)
     input_ids = input_ids.long()
     block_length, steps_per_block = config.resolve(
@@ -187,17 +190,7 @@ def diffusion_generate(
         raise ValueError(
             f"block-causal decoding needs a decoder that takes 4D masks; {type(model).__name__} does not"
         )
-    if config.cache != "none":
-        if diffusion.is_block_causal:
-            raise ValueError(
-                f"cache={config.cache!r} is the approximate cache of bidirectional models; block-causal models "
-                "decode with their exact block cache (use_cache=True, cache='none')"
-            )
-        if not accepts_4d_mask(model):
-            raise ValueError(
-                f"cache={config.cache!r} needs a decoder with a key/value cache; {type(model).__name__} is an "
-                "encoder MLM (use cache='none')"
-            )
+    config.check_model(diffusion.is_block_causal, accepts_4d_mask(model))
     lengths = valid.sum(-1)
     max_positions = getattr(model.config, "max_position_embeddings", None)
     if max_positions is not None and int(lengths.max()) + config.max_new_tokens > max_positions:
@@ -211,7 +204,7 @@ def diffusion_generate(
         pad_id = eos_ids[0] if eos_ids else (getattr(model.config, "pad_token_id", None) or 0)
 
     canvas = layout_canvas(input_ids, valid, diffusion, block_length, config.max_new_tokens, pad_id)
-    runner = BlockRunner(model, diffusion, canvas, config.use_cache, config.cache)
+    runner = BlockRunner(model, diffusion, canvas, config.use_cache, config.approximate_cache or "none")
     x = canvas.tokens
     batch, total = x.shape
     mask_id = diffusion.mask_token_id
@@ -267,6 +260,8 @@ def diffusion_generate(
                 step_id = dynamic_count
             block[commit] = x0[commit]
             decode_step[:, start:end][commit] = step_id.unsqueeze(1).expand_as(commit)[commit]
+            if streamer is not None:
+                streamer.put(make_step(x, canvas.gen_index, commit, start, block_idx, step_id, nfe, mask_id))
             step += 1
             if eos_ids and config.stop_at_eos:
                 active &= ~_finished(x, gen_mask, eos_tensor, mask_id, cols)
@@ -274,6 +269,8 @@ def diffusion_generate(
                 history.append(x.gather(1, canvas.gen_index).clone())
         if not active.any():
             break
+    if streamer is not None:
+        streamer.end()
 
     generated = x.gather(1, canvas.gen_index)
     steps_out = decode_step.gather(1, canvas.gen_index)
