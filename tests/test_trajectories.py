@@ -11,7 +11,7 @@ import datasets
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import (
+from testing_utils import (
     build_bidirectional_model,
     build_block_causal_model,
     build_tokenizer,
@@ -319,6 +319,8 @@ def _collect_worker(rank: int, world_size: int, port: int, output_dir: str) -> N
     torch.distributed.destroy_process_group()
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 @pytest.mark.skipif("fork" not in torch.multiprocessing.get_all_start_methods(), reason="needs fork")
 def test_two_processes_equal_one(tmp_path, tokenizer):
     # Two real processes joined by a gloo process group; forked, so they reuse this process's imports.
