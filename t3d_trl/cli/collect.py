@@ -122,6 +122,12 @@ def load_source_dataset(name: str, config: str | None = None, split: str = "trai
     return datasets.load_dataset(name, config, split=split)
 
 
+def _math_checker() -> Any:
+    from ..evaluation.math_checker import check_math  # imported when needed: math-verify is slow to import
+
+    return check_math
+
+
 def run(config: CollectConfig) -> datasets.Dataset:
     """Collect (and optionally push) the trajectories a :class:`CollectConfig` describes; prints the summary line."""
     import torch
@@ -154,6 +160,7 @@ def run(config: CollectConfig) -> datasets.Dataset:
         max_prompt_length=config.max_prompt_length,
         filter_unfinished=config.filter_unfinished,
         gold_column=config.gold_column,
+        answer_checker=_math_checker() if config.gold_column else None,
         seed=config.seed,
         teacher_revision=config.model_revision,
         model_kwargs=model_kwargs,

@@ -37,6 +37,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "evaluate models side by side over benchmarks and decoding budgets (--config recipe.yaml)",
     ),
     "generate": ("generate", "decode one prompt with a diffusion LM, decoding settings as flags"),
+    "playground": ("playground", "watch models decode side by side, step by step, in a browser (Gradio)"),
     "analyze": ("analyze", "factorization error (conditional total correlation) of models, with a heatmap"),
     "convert": ("convert", "convert a published LLaDA, SDAR or Dream checkpoint to native transformers"),
     "lm-eval": ("lm_eval", "lm-evaluation-harness with the diffusion model `t3d` (lm_eval's arguments)"),

@@ -18,15 +18,15 @@ from transformers import (
 )
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
+from ..diffusion.config import CONFIG_KEY as DIFFUSION_KEY
+from ..diffusion.config import DiffusionConfig
+from ..diffusion.forward import unwrap_model
 from ..generation.configuration import CONFIG_KEY as GENERATION_KEY
 from ..generation.configuration import DiffusionGenerationConfig
 from ..generation.mixin import DiffusionGenerationMixin
 from .convert import locate_weights
-from .diffusion_config import CONFIG_KEY as DIFFUSION_KEY
-from .diffusion_config import DiffusionConfig
 from .families import FAMILIES, ModelFamily, get_family
 from .families.base import CONFIG_FILE, GENERATION_CONFIG_FILE, read_json
-from .forward import unwrap_model
 
 # Keyword arguments of ``from_pretrained`` that also apply to loading a config or a tokenizer.
 _HUB_KWARGS = ("revision", "token", "cache_dir", "local_files_only", "trust_remote_code", "subfolder")
