@@ -52,6 +52,11 @@ class DiffusionGenerationConfig:
             keys/values before the block; later steps run the block and everything after it. ``dual``: the
             first step caches the keys/values before and after the block; later steps run the block alone.
             Block-causal models always use their exact block cache (``use_cache``) and refuse ``prefix``/``dual``.
+        cfg_scale: classifier-free guidance (LLaDA's ``cfg_scale``). ``0`` (default): off, no extra cost. ``> 0``:
+            every step also runs the canvas with the prompt replaced by mask tokens (batched with the
+            conditional rows, so a step costs two rows per row) and decodes from ``un + (cfg_scale + 1) * (cond -
+            un)``. Works with every attention kind and cache mode (the unconditional rows share the cache
+            scheme).
         eos_token_id: id(s) that end a completion. ``None``: read from the model's config.
         pad_token_id: id written after the end of a finished completion. ``None``: the first EOS id.
         stop_at_eos: once a row has an EOS with every position before it decoded, fill the rest of its
@@ -75,6 +80,7 @@ class DiffusionGenerationConfig:
     dynamic_rule: Literal["threshold", "threshold_topup"] = "threshold"
     schedule: Literal["llada", "sdar", "dream"] = "llada"
     cache: Literal["none", "prefix", "dual"] = "none"
+    cfg_scale: float = 0.0
     eos_token_id: int | list[int] | None = None
     pad_token_id: int | None = None
     stop_at_eos: bool = True
@@ -113,6 +119,8 @@ class DiffusionGenerationConfig:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
         if self.cache not in CACHES:
             raise ValueError(f"cache must be one of {CACHES}, got {self.cache!r}")
+        if not self.cfg_scale >= 0:  # also refuses NaN
+            raise ValueError(f"cfg_scale must be >= 0 (0 turns guidance off), got {self.cfg_scale}")
         if self.threshold is not None:
             if not 0 < self.threshold <= 1:
                 raise ValueError(f"threshold must be in (0, 1], got {self.threshold}")
