@@ -52,7 +52,7 @@ from tqdm.auto import tqdm
 
 from ..data.collator import DataCollatorForDiffusion, diffusion_attention_mask
 from ..evaluation.runner import generate_completions, load_model
-from ..generation.configuration import DiffusionGenerationConfig
+from ..generation.configuration import OUTPUT_FIELDS, DiffusionGenerationConfig
 from ..generation.guidance import guide_logits
 from ..models.diffusion_config import DiffusionConfig
 from ..models.forward import accepts_4d_mask, diffusion_forward, unwrap_model
@@ -61,10 +61,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["DiffusionLM"]
 
-_GENERATION_FIELDS = {f.name for f in fields(DiffusionGenerationConfig)} - {
-    "return_dict_in_generate",
-    "output_history",
-}
+_GENERATION_FIELDS = {f.name for f in fields(DiffusionGenerationConfig)} - set(OUTPUT_FIELDS)
 ESTIMATORS = ("stratified", "random_t")
 
 
