@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from conftest import build_bidirectional_model, build_block_causal_model, build_modernbert_model
@@ -138,3 +140,50 @@ def test_guide_logits_and_validation():
     with pytest.raises(ValueError, match="cfg_scale must be >= 0"):
         DiffusionGenerationConfig(cfg_scale=-1.0)
     assert DiffusionGenerationConfig().to_dict()["cfg_scale"] == 0.0
+
+
+def test_cfg_scale_from_the_command_line(tmp_path, tokenizer, capsys):
+    """``--cfg_scale`` (a flag derived from the dataclass) reaches generate's decoding and collect's manifest."""
+    from t3d_trl.cli.main import main
+    from t3d_trl.evaluation.runner import generate_completions
+
+    model = _varied(build_bidirectional_model, tokenizer)
+    path = tmp_path / "tiny"
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    argv = ["generate", "--model", str(path), "--prompt", "2+2=", "--no_use_chat_template"]
+    argv += ["--max_new_tokens", "8", "--block_length", "4", "--cfg_scale", "2.0"]
+    assert main(argv) == 0
+    config = model.diffusion_generation_config.update(max_new_tokens=8, block_length=4)
+    guided = generate_completions(
+        model, tokenizer, ["2+2="], config.update(cfg_scale=2.0), use_chat_template=False, progress=False
+    )
+    plain = generate_completions(model, tokenizer, ["2+2="], config, use_chat_template=False, progress=False)
+    assert capsys.readouterr().out == guided.completions[0] + "\n" != plain.completions[0] + "\n"
+    assert main([*argv[:-1], "-1"]) == 2
+    assert capsys.readouterr().err.strip().endswith("cfg_scale must be >= 0 (0 turns guidance off), got -1.0")
+
+    data = tmp_path / "problems.jsonl"
+    data.write_text("".join(f'{{"id": "q{i}", "problem": "{q}"}}\n' for i, q in enumerate(["1+1", "7-4"])))
+    argv = [
+        "collect",
+        "--model_name_or_path",
+        str(path),
+        "--dataset_name",
+        str(data),
+        "--prompt_template",
+        "plain",
+    ]
+    argv += [
+        "--max_new_tokens",
+        "8",
+        "--block_length",
+        "4",
+        "--cfg_scale",
+        "0.5",
+        "--output_dir",
+        str(tmp_path / "c"),
+    ]
+    assert main(argv) == 0
+    manifest = json.loads((tmp_path / "c" / "collection.json").read_text())
+    assert manifest["generation_config"]["cfg_scale"] == 0.5

@@ -290,3 +290,31 @@ def test_is_greedy_is_llada_check_whatever_the_decoding_settings(teacher, settin
     off = DiffusionLM(teacher.model, tokenizer=teacher.tokenizer, device="cpu", is_check_greedy="False")
     first_true = requests[expected.index(True)]
     assert not off._greedy(*off._encode_pair(*first_true))
+
+
+def test_cfg_and_estimator_from_lm_eval_model_args(monkeypatch):
+    """The ``--model_args`` string of ``t3d-trl lm-eval`` (parsed by lm-eval as the command does)."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    monkeypatch.chdir(TASKS)  # the task YAML names its jsonl file relative to its folder
+    out = lm_eval.simple_evaluate(
+        model="t3d",
+        model_args=f"pretrained={TEACHER},cfg=0.5,mc_num=8,estimator=random_t,is_check_greedy=False",
+        tasks=["t3d_demo_sort2_choice"],
+        task_manager=TaskManager(include_path=str(TASKS), include_defaults=False),
+        device="cpu",
+        limit=2,
+    )
+    assert out["config"]["t3d_loglikelihood"] == {
+        "mc_num": 8,
+        "seed": 0,
+        "estimator": "random_t",
+        "cfg": 0.5,
+        "is_check_greedy": False,
+    }
+    assert out["config"]["t3d_generation_config"]["cfg_scale"] == 0.5
+    with pytest.raises(ValueError, match="estimator must be one of"):
+        DiffusionLM(str(TEACHER), device="cpu", estimator="llada")
+    with pytest.raises(ValueError, match="cfg=0.5 and cfg_scale=1.0 disagree"):
+        DiffusionLM(str(TEACHER), device="cpu", cfg=0.5, cfg_scale=1.0)
