@@ -314,6 +314,10 @@ def _check_manifest(output_dir: Path, manifest: dict[str, Any], is_main: bool, b
     # A newer package version may resume an older collection; everything else must match.
     saved.pop(SUMMARY_KEY, None)  # the counts of an earlier merge are not a setting
     saved["metadata"].pop("t3d_trl_version", None)
+    if isinstance(saved.get("generation_config"), dict):
+        # A collection saved before a decoding setting existed (e.g. cfg_scale) was decoded with its default.
+        defaults = DiffusionGenerationConfig().to_dict()
+        saved["generation_config"] = {**defaults, **saved["generation_config"]}
     current = json.loads(json.dumps(manifest))
     current["metadata"].pop("t3d_trl_version", None)
     diffs = _differences(saved, current)
