@@ -142,8 +142,9 @@ def test_guide_logits_and_validation():
     assert DiffusionGenerationConfig().to_dict()["cfg_scale"] == 0.0
 
 
-def test_cfg_scale_from_the_command_line(tmp_path, tokenizer, capsys):
-    """``--cfg_scale`` (a flag derived from the dataclass) reaches generate's decoding and collect's manifest."""
+def test_cfg_scale_from_the_command_line(tmp_path, tokenizer, benchmark_files, capsys):
+    """``--cfg_scale`` (a flag derived from the dataclass) reaches generate's decoding, eval's results and collect's
+    manifest."""
     from t3d_trl.cli.main import main
     from t3d_trl.evaluation.runner import generate_completions
 
@@ -187,3 +188,17 @@ def test_cfg_scale_from_the_command_line(tmp_path, tokenizer, capsys):
     assert main(argv) == 0
     manifest = json.loads((tmp_path / "c" / "collection.json").read_text())
     assert manifest["generation_config"]["cfg_scale"] == 0.5
+
+    argv = [
+        "eval",
+        "--models",
+        str(path),
+        "--benchmarks",
+        "gsm8k",
+        "--data_files",
+        f"gsm8k={benchmark_files['gsm8k']}",
+    ]
+    argv += ["--block_lengths", "4", "--tokens_per_step", "4", "--max_new_tokens", "4", "--limit", "2"]
+    assert main([*argv, "--cfg_scale", "0.5", "--output_dir", str(tmp_path / "e")]) == 0
+    (run,) = json.loads((tmp_path / "e" / "results.json").read_text())["results"]
+    assert run["generation_config"]["cfg_scale"] == 0.5
