@@ -4,7 +4,8 @@
         --block_length 4 --tokens_per_step 2 --verbose
 
 Decoding flags left out keep the settings saved with the model. The completion goes to stdout; with
-``--verbose`` the decoding statistics go to stderr. This is
+``--verbose`` the decoding statistics go to stderr; with ``--show_steps`` the canvas is drawn on stderr after
+every forward pass (redrawn in place on a terminal), then a line with NFE, tokens per step and time. This is
 :func:`t3d_trl.evaluation.runner.generate_completions` on one prompt.
 """
 
@@ -45,6 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", default="auto", help="auto, bfloat16, float16 or float32")
     parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     parser.add_argument("--verbose", action="store_true", help="print NFE, tokens and tokens/s to stderr")
+    parser.add_argument(
+        "--show_steps",
+        action="store_true",
+        help="watch it decode: redraw the canvas on stderr after every forward pass (masks visible, each "
+        "step's new tokens highlighted), then NFE, tokens per step and time",
+    )
     decoding = parser.add_argument_group("decoding (left out: the settings saved with the model)")
     add_decoding_arguments(decoding)
     return parser
@@ -60,6 +67,7 @@ def main(argv: list[str]) -> int:
 
     from ..data.prompts import format_user_message
     from ..evaluation.runner import generate_completions, load_model
+    from ..generation.streamers import TerminalStreamer
 
     message = format_user_message(args.template, {"problem": prompt})
     model, tokenizer = load_model(args.model, args.dtype, args.device)
@@ -73,8 +81,15 @@ def main(argv: list[str]) -> int:
         use_chat_template=args.use_chat_template,
         generator=generator,
         progress=False,
+        streamer=TerminalStreamer(tokenizer, stream=sys.stderr) if args.show_steps else None,
     )
     print(out.completions[0])
+    if args.show_steps:
+        nfe, tokens = out.nfe[0], out.num_tokens[0]
+        print(
+            f"nfe={nfe} tokens={tokens} tokens/step={tokens / max(nfe, 1):.2f} seconds={out.seconds:.3f}",
+            file=sys.stderr,
+        )
     if args.verbose:
         print(
             f"nfe={out.nfe[0]} tokens={out.num_tokens[0]} finished={out.finished[0]} "

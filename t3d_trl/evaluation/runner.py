@@ -114,6 +114,7 @@ def generate_completions(
     generator: torch.Generator | None = None,
     progress: bool = True,
     desc: str | None = None,
+    streamer: Any = None,
 ) -> Generations:
     """Decode one completion per user message with ``model.diffusion_generate``.
 
@@ -131,6 +132,8 @@ def generate_completions(
         generator: random generator for sampling (``temperature > 0``) and random remasking.
         progress: show a progress bar.
         desc: its label.
+        streamer: a :class:`~t3d_trl.generation.streamers.DiffusionStreamer` handed to every batch's
+            ``diffusion_generate`` (it sees the batches in the sorted order).
     """
     if isinstance(messages, str):
         raise TypeError("messages must be a sequence of str, not a single str")
@@ -153,7 +156,7 @@ def generate_completions(
             _synchronize(device)
             began = time.perf_counter()
             out = model.diffusion_generate(
-                input_ids, attention_mask, generation_config=config, generator=generator
+                input_ids, attention_mask, generation_config=config, generator=generator, streamer=streamer
             )
             _synchronize(device)
             seconds = time.perf_counter() - began

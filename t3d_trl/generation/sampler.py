@@ -42,6 +42,7 @@ from ..diffusion.masks import (
 from .configuration import DiffusionGenerationConfig
 from .guidance import GuidedRunner
 from .remasking import propose_tokens, select_dynamic, select_static, transfer_schedule
+from .streamers import DiffusionStreamer, make_step
 
 
 @dataclass
@@ -170,8 +171,10 @@ def diffusion_generate(
     attention_mask: torch.Tensor | None,
     config: DiffusionGenerationConfig,
     generator: torch.Generator | None = None,
+    streamer: DiffusionStreamer | None = None,
 ) -> torch.Tensor | DiffusionGenerationOutput:
-    """Decode ``config.max_new_tokens`` tokens after each prompt. See the module docstring."""
+    """Decode ``config.max_new_tokens`` tokens after each prompt. See the module docstring; ``streamer`` (see
+    :mod:`t3d_trl.generation.streamers`) sees the canvas after every forward pass."""
     valid = _check_inputs(input_ids, attention_mask)
     input_ids = input_ids.long()
     block_length, steps_per_block = config.resolve(
@@ -266,6 +269,8 @@ def diffusion_generate(
                 step_id = dynamic_count
             block[commit] = x0[commit]
             decode_step[:, start:end][commit] = step_id.unsqueeze(1).expand_as(commit)[commit]
+            if streamer is not None:
+                streamer.put(make_step(x, canvas.gen_index, commit, start, block_idx, step_id, nfe, mask_id))
             step += 1
             if eos_ids and config.stop_at_eos:
                 active &= ~_finished(x, gen_mask, eos_tensor, mask_id, cols)
@@ -273,6 +278,8 @@ def diffusion_generate(
                 history.append(x.gather(1, canvas.gen_index).clone())
         if not active.any():
             break
+    if streamer is not None:
+        streamer.end()
 
     generated = x.gather(1, canvas.gen_index)
     steps_out = decode_step.gather(1, canvas.gen_index)
