@@ -319,3 +319,18 @@ def test_cfg_and_estimator_from_lm_eval_model_args(monkeypatch):
         DiffusionLM(str(TEACHER), device="cpu", estimator="llada")
     with pytest.raises(ValueError, match="cfg=0.5 and cfg_scale=1.0 disagree"):
         DiffusionLM(str(TEACHER), device="cpu", cfg=0.5, cfg_scale=1.0)
+
+
+def test_documented_llada_setting_is_accepted():
+    """The model arguments of docs/evaluation.md's LLaDA reproduction command, on the packaged teacher."""
+    import re
+
+    from lm_eval.utils import simple_parse_args_string
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "evaluation.md").read_text()
+    section = page.split("### Reproducing LLaDA's multiple-choice numbers", 1)[1]
+    (model_args,) = re.findall(r"--model_args (\S+)", section.split("```")[1])
+    args = simple_parse_args_string(model_args)
+    assert args.pop("pretrained") == "GSAI-ML/LLaDA-8B-Base"
+    lm = DiffusionLM(str(TEACHER), device="cpu", **args)
+    assert (lm.cfg, lm.mc_num, lm.mc_batch_size, lm.is_check_greedy) == (0.5, 128, 8, False)
