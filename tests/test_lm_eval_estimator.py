@@ -195,11 +195,10 @@ def test_block_causal_estimate_is_the_sum_of_per_block_elbos(tokenizer, estimato
     lm = DiffusionLM(
         model, tokenizer=tokenizer, device="cpu", mc_num=MC_NUM, mc_batch_size=MC_NUM, estimator=estimator
     )
-    context, continuation = (
-        tokenizer("ab =")["input_ids"],
-        tokenizer("cdefgh")["input_ids"],
-    )  # blocks of 3 + 3? see below
+    # 5 context tokens: the first block holds the context's last token and 3 continuation tokens, the second 3.
+    context, continuation = tokenizer("abc =")["input_ids"], tokenizer("defghi")["input_ids"]
     tail = len(context) % 4
+    assert tail == 1
     mask_id = tokenizer.mask_token_id
     exact, variance, start = 0.0, 0.0, 0
     while start < len(continuation):
