@@ -126,6 +126,28 @@ def test_cfg_block_causal_cache_is_exact_and_padding_is_harmless(tokenizer):
     )
 
 
+def test_guided_runner_wraps_the_block_runner(tokenizer):
+    from t3d_trl.generation.guidance import GuidedRunner
+    from t3d_trl.generation.sampler import BlockRunner, layout_canvas
+
+    model = _varied(build_block_causal_model, tokenizer)
+    input_ids, attention_mask = tokenizer(
+        ["hi", "a longer prompt"], return_tensors="pt", padding=True
+    ).values()
+    diffusion, mask_id = model.diffusion_config, tokenizer.mask_token_id
+    canvas = layout_canvas(input_ids, attention_mask.bool(), diffusion, 4, 8, 0)
+    runner = GuidedRunner(lambda c: BlockRunner(model, diffusion, c, True), canvas, mask_id, 1.5)
+    assert runner.cached and runner.canvas.tokens.shape[0] == 4  # the wrapped runner's, over 2B rows
+    # The unconditional rows hide exactly the real prompt tokens.
+    hidden = runner.canvas.tokens[2:] == mask_id
+    assert torch.equal(hidden & ~(canvas.tokens == mask_id), canvas.valid & (canvas.tokens != mask_id))
+    start, end = canvas.blocks[0]
+    plain = BlockRunner(model, diffusion, runner.canvas, False).block_logits(runner.canvas.tokens, start, end)
+    torch.testing.assert_close(
+        runner.block_logits(canvas.tokens, start, end), guide_logits(*plain.chunk(2), 1.5)
+    )
+
+
 def test_cfg_encoder_mlm_runs(tokenizer):
     model = build_modernbert_model(tokenizer)
     ids = tokenizer(["hello"], return_tensors="pt").input_ids

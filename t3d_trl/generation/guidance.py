@@ -54,6 +54,12 @@ class GuidedRunner:
         )
         self.runner = build_runner(doubled)
 
+    def __getattr__(self, name: str) -> Any:
+        # Everything but the logits (cache state, the model's step...) is the wrapped runner's.
+        if name == "runner":  # not set yet: no recursion during __init__
+            raise AttributeError(name)
+        return getattr(self.runner, name)
+
     def unconditional_pair(self, x: torch.Tensor) -> torch.Tensor:
         """``[x; x with its prompt masked]``: the ``2B`` rows of one guided forward pass."""
         return torch.cat([x, x.masked_fill(self.prompt, self.mask_token_id)])
