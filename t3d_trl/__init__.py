@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0.dev0"
+from .version import __version__
 
 # public name -> module that defines it
 _EXPORTS: dict[str, str] = {
@@ -31,6 +31,9 @@ _EXPORTS: dict[str, str] = {
     "DiffusionGenerationConfig": ".generation",
     "DiffusionGenerationMixin": ".generation",
     "DiffusionGenerationOutput": ".generation",
+    "DiffusionIteratorStreamer": ".generation",
+    "DiffusionStreamer": ".generation",
+    "TerminalStreamer": ".generation",
     "T3DConfig": ".trainer",
     "T3DTrainer": ".trainer",
 }
@@ -42,8 +45,11 @@ __all__ = [
     "DiffusionGenerationConfig",
     "DiffusionGenerationMixin",
     "DiffusionGenerationOutput",
+    "DiffusionIteratorStreamer",
+    "DiffusionStreamer",
     "T3DConfig",
     "T3DTrainer",
+    "TerminalStreamer",
     "TotalCorrelationConfig",
     "TotalCorrelationResult",
     "TrajectoryMetadata",
@@ -79,6 +85,13 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real names
     from .data.trajectories import collect_trajectories
     from .evaluation.benchmarks import Benchmark, register_benchmark
     from .evaluation.runner import evaluate_model, run_grid
-    from .generation import DiffusionGenerationConfig, DiffusionGenerationMixin, DiffusionGenerationOutput
+    from .generation import (
+        DiffusionGenerationConfig,
+        DiffusionGenerationMixin,
+        DiffusionGenerationOutput,
+        DiffusionIteratorStreamer,
+        DiffusionStreamer,
+        TerminalStreamer,
+    )
     from .models import AutoModelForDiffusionLM, DiffusionConfig, add_diffusion_generation, convert_checkpoint
     from .trainer import T3DConfig, T3DTrainer

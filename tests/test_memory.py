@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from conftest import build_block_causal_model
+from testing_utils import build_block_causal_model
 
 from t3d_trl.generation.memory import (
     DEFAULT_BATCH_SIZE,

@@ -9,7 +9,7 @@ import statistics
 
 import pytest
 import torch
-from conftest import BENCHMARK_ROWS, build_block_causal_model
+from testing_utils import BENCHMARK_ROWS, build_block_causal_model
 
 from t3d_trl import DiffusionGenerationConfig, DiffusionGenerationOutput
 from t3d_trl.data.prompts import render_prompt
@@ -48,7 +48,9 @@ class ScriptedModel(torch.nn.Module):
         script = next(value for key, value in self.scripts.items() if key in prompt)
         return script(generator) if callable(script) else script
 
-    def diffusion_generate(self, input_ids, attention_mask=None, generation_config=None, generator=None):
+    def diffusion_generate(
+        self, input_ids, attention_mask=None, generation_config=None, generator=None, streamer=None
+    ):
         eos = self.tokenizer.eos_token_id
         rows, nfe = [], []
         for ids, mask in zip(input_ids, attention_mask):
@@ -212,6 +214,11 @@ def test_grid_settings():
         "block8-threshold0.9",
     ]
     assert settings[1].overrides() == {"block_length": 4, "tokens_per_step": 1, "threshold": 0.9}
+    # steps is a static budget of its own: the setting's overrides leave tokens_per_step to clear.
+    (by_steps,) = grid_settings([4], steps=[8])
+    assert by_steps.label == "block4-steps8"
+    config = DiffusionGenerationConfig(tokens_per_step=2).update(**by_steps.overrides())
+    assert (config.steps, config.tokens_per_step) == (8, None)
     assert DecodingSetting(4, 2).overrides()["threshold"] is None
     with pytest.raises(ValueError, match="grid is empty"):
         grid_settings([4], [8])

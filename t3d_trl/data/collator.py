@@ -40,9 +40,9 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from ..diffusion.config import DiffusionConfig
+from ..diffusion.masks import additive_mask, padding_attention_mask, position_ids_from_valid
 from ..generation.remasking import transfer_schedule
-from ..models.diffusion_config import DiffusionConfig
-from ..models.masks import additive_mask, padding_attention_mask, position_ids_from_valid
 
 STATE_KINDS = ("trajectory", "random", "semi_ar")
 STATE_SAMPLING = ("uniform", "reference")
@@ -59,6 +59,9 @@ def teacher_state(
 @dataclass
 class DataCollatorForDiffusion:
     """Collate rows ``{prompt_ids, completion_ids[, decode_step][, row_index]}`` into a diffusion training batch.
+
+    A row may also bring its own noise, ``masked`` (bool per completion token) and ``mask_prob`` (the weight of a
+    masked token is ``1 / mask_prob``), which then replace ``states``.
 
     Args:
         diffusion: the student's diffusion description (mask token, attention kind).
@@ -202,7 +205,10 @@ class DataCollatorForDiffusion:
         groups = blocks if self.diffusion.is_block_causal else np.zeros(length, dtype=np.int64)
         prob = np.ones(length)
         path_step = np.zeros(length, dtype=np.int64)
-        if self.states == "trajectory":
+        if example.get("masked") is not None:  # the caller's own noise (the lm-eval likelihood estimator)
+            masked = np.asarray(example["masked"], dtype=bool)
+            prob = np.asarray(example["mask_prob"], dtype=np.float64)
+        elif self.states == "trajectory":
             steps = example.get("decode_step")
             if steps is None:
                 raise ValueError("trajectory states need a decode_step column (the teacher's decoding order)")

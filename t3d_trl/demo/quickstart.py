@@ -99,7 +99,7 @@ class QuickstartConfig:
 
 
 def _training_args(config: QuickstartConfig, output_dir: Path, **overrides: Any) -> Any:
-    from ..trainer.config import T3DConfig
+    from ..trainer.t3d_config import T3DConfig
 
     values: dict[str, Any] = dict(
         output_dir=str(output_dir),
@@ -116,6 +116,7 @@ def _training_args(config: QuickstartConfig, output_dir: Path, **overrides: Any)
         seed=config.seed,
         activation_checkpointing=False,
         dataloader_num_workers=0,
+        overwrite_output_dir=True,  # a rerun of the demo replaces its own models
     )
     values.update(overrides)
     return T3DConfig(**values)

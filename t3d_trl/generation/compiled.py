@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from ..models.diffusion_config import DiffusionConfig
-from ..models.forward import accepts_4d_mask, cache_keyword, unwrap_model
+from ..diffusion.config import DiffusionConfig
+from ..diffusion.forward import accepts_4d_mask, cache_keyword, unwrap_model
 from .static_cache import StaticKVCache
 
 logger = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ def forward_window(
 ) -> torch.Tensor:
     """Logits ``[B, len(keep), V]`` of the tokens at window positions ``keep`` after one forward pass over a
     window of the canvas (writing its keys/values into ``cache`` at the cache's ``write_at`` when there is one).
-    The same pass as :func:`~t3d_trl.models.forward.diffusion_forward`, with the model's calling convention
+    The same pass as :func:`~t3d_trl.diffusion.forward.diffusion_forward`, with the model's calling convention
     resolved beforehand."""
     # Shifted-logit models (Dream) predict token i at position i - 1.
     source = (keep - 1).clamp_min(0) if spec.shift_logits else keep

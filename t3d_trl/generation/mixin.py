@@ -6,9 +6,10 @@ from typing import Any
 
 import torch
 
-from ..models.diffusion_config import DiffusionConfig, require_diffusion_config
+from ..diffusion.config import DiffusionConfig, require_diffusion_config
 from .configuration import DiffusionGenerationConfig
 from .sampler import DiffusionGenerationOutput, diffusion_generate
+from .streamers import DiffusionStreamer
 
 
 class DiffusionGenerationMixin:
@@ -34,6 +35,7 @@ class DiffusionGenerationMixin:
         attention_mask: torch.Tensor | None = None,
         generation_config: DiffusionGenerationConfig | None = None,
         generator: torch.Generator | None = None,
+        streamer: DiffusionStreamer | None = None,
         **overrides: Any,
     ) -> torch.Tensor | DiffusionGenerationOutput:
         """Generate completions by masked diffusion.
@@ -43,6 +45,8 @@ class DiffusionGenerationMixin:
             attention_mask: ``[B, P]`` 1 for prompt tokens, 0 for (left) padding.
             generation_config: settings; defaults to the ones saved with the model.
             generator: a ``torch.Generator`` for reproducible sampling and random remasking.
+            streamer: a :class:`~t3d_trl.generation.streamers.DiffusionStreamer` that sees the canvas after every
+                forward pass (e.g. :class:`~t3d_trl.generation.streamers.TerminalStreamer`); it changes nothing.
             **overrides: any :class:`DiffusionGenerationConfig` field, e.g. ``tokens_per_step=2``.
 
         Returns:
@@ -50,4 +54,6 @@ class DiffusionGenerationMixin:
             ``return_dict_in_generate=True``.
         """
         config = (generation_config or self.diffusion_generation_config).update(**overrides)
-        return diffusion_generate(self, self.diffusion_config, input_ids, attention_mask, config, generator)
+        return diffusion_generate(
+            self, self.diffusion_config, input_ids, attention_mask, config, generator, streamer=streamer
+        )

@@ -30,16 +30,18 @@ from dataclasses import dataclass
 
 import torch
 
-from ..models.diffusion_config import DiffusionConfig
-from ..models.forward import accepts_4d_mask
-from ..models.masks import (
+from ..diffusion.config import DiffusionConfig
+from ..diffusion.forward import accepts_4d_mask
+from ..diffusion.masks import (
     block_attention_mask,
     padding_attention_mask,
     position_ids_from_valid,
 )
 from .compiled import EagerStep, ForwardSpec, step_for
 from .configuration import DiffusionGenerationConfig
+from .guidance import GuidedRunner
 from .remasking import draw_noise, propose_tokens, select_dynamic, select_static, transfer_schedule
+from .streamers import DiffusionStreamer, make_step
 
 
 @dataclass
@@ -163,7 +165,7 @@ def eos_token_ids(model: torch.nn.Module, config: DiffusionGenerationConfig) -> 
 
 def cache_settings(config: DiffusionGenerationConfig) -> tuple[bool, str]:
     """``(use_cache, approximate cache)`` of a generation: the one place the sampler reads the cache settings."""
-    return config.use_cache, config.cache
+    return config.use_cache, config.approximate_cache or "none"
 
 
 def _check_model(
@@ -180,18 +182,7 @@ def _check_model(
         raise ValueError(
             f"block-causal decoding needs a decoder that takes 4D masks; {type(model).__name__} does not"
         )
-    _, approximate = cache_settings(config)
-    if approximate != "none":
-        if diffusion.is_block_causal:
-            raise ValueError(
-                f"cache={approximate!r} is the approximate cache of bidirectional models; block-causal models "
-                "decode with their exact block cache (use_cache=True, cache='none')"
-            )
-        if not accepts_4d_mask(model):
-            raise ValueError(
-                f"cache={approximate!r} needs a decoder with a key/value cache; {type(model).__name__} is an "
-                "encoder MLM (use cache='none')"
-            )
+    config.check_model(diffusion.is_block_causal, accepts_4d_mask(model))
     longest = int(valid.sum(-1).max())
     max_positions = getattr(model.config, "max_position_embeddings", None)
     if max_positions is not None and longest + config.max_new_tokens > max_positions:
@@ -229,8 +220,10 @@ def diffusion_generate(
     attention_mask: torch.Tensor | None,
     config: DiffusionGenerationConfig,
     generator: torch.Generator | None = None,
+    streamer: DiffusionStreamer | None = None,
 ) -> torch.Tensor | DiffusionGenerationOutput:
-    """Decode ``config.max_new_tokens`` tokens after each prompt. See the module docstring."""
+    """Decode ``config.max_new_tokens`` tokens after each prompt. See the module docstring; ``streamer`` (see
+    :mod:`t3d_trl.generation.streamers`) sees the canvas after every forward pass."""
     valid = _check_inputs(input_ids, attention_mask)
     input_ids = input_ids.long()
     block_length, steps_per_block = config.resolve(
@@ -244,8 +237,15 @@ def diffusion_generate(
 
     canvas = layout_canvas(input_ids, valid, diffusion, block_length, config.max_new_tokens, pad_id)
     use_cache, approximate = cache_settings(config)
-    runner = BlockRunner(
-        model, diffusion, canvas, use_cache, approximate, step=step_for(model, config.compile)
+    step_runner = step_for(model, config.compile)
+
+    def build_runner(canvas: Canvas) -> BlockRunner:
+        return BlockRunner(model, diffusion, canvas, use_cache, approximate, step=step_runner)
+
+    runner = (
+        GuidedRunner(build_runner, canvas, diffusion.mask_token_id, config.cfg_scale)
+        if config.cfg_scale
+        else build_runner(canvas)
     )
     state = DecodingState.start(canvas)
     mask_id = diffusion.mask_token_id
@@ -267,7 +267,15 @@ def diffusion_generate(
                 step += 1  # nothing scheduled for any row at this step: skip the forward pass
                 continue
             step_id = block_idx * steps_per_block + step + 1
-            denoise_step(runner, state, config, (start, end), masked, static_quota, step_id, generator)
+            commit, step_ids = denoise_step(
+                runner, state, config, (start, end), masked, static_quota, step_id, generator
+            )
+            if streamer is not None:
+                streamer.put(
+                    make_step(
+                        state.x, canvas.gen_index, commit, start, block_idx, step_ids, state.nfe, mask_id
+                    )
+                )
             step += 1
             if eos_ids and config.stop_at_eos:
                 state.active &= ~_finished(state.x, state.gen_mask, eos_tensor, mask_id)
@@ -275,6 +283,8 @@ def diffusion_generate(
                 history.append(state.x.gather(1, canvas.gen_index).clone())
         if not state.active.any():
             break
+    if streamer is not None:
+        streamer.end()
 
     generated = state.x.gather(1, canvas.gen_index)
     steps_out = state.decode_step.gather(1, canvas.gen_index)
@@ -302,9 +312,10 @@ def denoise_step(
     quota: torch.Tensor,
     step_id: int,
     generator: torch.Generator | None,
-) -> None:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One denoising step of the block ``window = (start, end)``: propose tokens for its masked positions
-    (``masked``, ``[B, L]``) and commit ``quota`` of them (static) or those above the threshold (dynamic)."""
+    (``masked``, ``[B, L]``) and commit ``quota`` of them (static) or those above the threshold (dynamic).
+    Returns the block's commit mask and each row's step id."""
     start, end = window
     block = state.x[:, start:end]
     # Eager: vocabulary logits only where some row still has a mask (the LM head is a large share of a cached
@@ -337,6 +348,7 @@ def denoise_step(
         step_ids = state.dynamic_count
     block[commit] = x0[commit]
     state.decode_step[:, start:end][commit] = step_ids.unsqueeze(1).expand_as(commit)[commit]
+    return commit, step_ids
 
 
 def _finished(x: torch.Tensor, gen_mask: torch.Tensor, eos: torch.Tensor, mask_id: int) -> torch.Tensor:

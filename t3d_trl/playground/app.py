@@ -1,0 +1,247 @@
+"""The Gradio page of ``t3d-trl playground``: up to three columns decode one prompt side by side, step by step,
+and a tab replays a stored trajectory.
+
+:func:`build_app` returns the ``gradio.Blocks`` (``app.launch()`` serves it; ``examples/space_app.py`` is a
+Hugging Face Space around it). The handlers are plain generators (:func:`decode_page`, :func:`replay_page`) so
+that they can be driven without a browser.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .render import error_html
+from .session import (
+    INPUT_ERRORS,
+    MAX_COLUMNS,
+    ColumnSpec,
+    ColumnView,
+    ModelRegistry,
+    default_columns,
+    default_models,
+    replay_frames,
+    run_columns,
+)
+
+OFF = "(off)"
+CACHE_CHOICES = ["(saved)", "none", "prefix", "dual"]
+#: Page inputs of one column, in order.
+COLUMN_FIELDS = (
+    "model",
+    "tokens_per_step",
+    "threshold",
+    "block_length",
+    "max_new_tokens",
+    "cache",
+    "temperature",
+)
+_INTRO = (
+    "### t3d-trl playground\n"
+    "Each column decodes the prompt with a model and its decoding settings (0: the model's saved ones). "
+    "Masked positions show as ░; every token sits on the colour of the forward pass that committed it (hover "
+    "for the step), the latest pass's tokens outlined. NFE counts forward passes."
+)
+
+
+def _positive(value: Any, kind: type) -> Any:
+    """A page number as a setting: empty or 0 leave it to the model (Gradio sends an empty number as 0)."""
+    return kind(value) if value not in (None, "") and value > 0 else None
+
+
+def column_specs(values: Sequence[Any]) -> list[ColumnSpec | None]:
+    """The page's column inputs (``COLUMN_FIELDS`` per column) as specs; ``None`` for a column that is off."""
+    width = len(COLUMN_FIELDS)
+    specs: list[ColumnSpec | None] = []
+    for i in range(0, len(values), width):
+        model, tokps, threshold, block, new_tokens, cache, temperature = values[i : i + width]
+        if not model or model == OFF:
+            specs.append(None)
+            continue
+        specs.append(
+            ColumnSpec(
+                model=str(model),
+                tokens_per_step=_positive(tokps, int),
+                threshold=_positive(threshold, float),
+                block_length=_positive(block, int),
+                max_new_tokens=_positive(new_tokens, int),
+                cache=None if cache in (None, "", CACHE_CHOICES[0]) else str(cache),
+                temperature=_positive(temperature, float),
+            )
+        )
+    return specs
+
+
+def decode_page(
+    registry: ModelRegistry,
+    prompt: str,
+    use_chat_template: bool,
+    seconds_per_step: float,
+    values: Sequence[Any],
+) -> Iterator[tuple[str, list[str | None]]]:
+    """The Run button: yields ``(status HTML, [column HTML or None (unchanged)])`` after every shown step.
+
+    Every column advances one forward pass per frame, so a few-step student finishes in fewer frames than its
+    teacher; the decoding itself runs column after column in the background at full speed.
+    """
+    specs = column_specs(values)
+    if not (prompt or "").strip():
+        yield error_html("The prompt is empty: type a prompt, then Run."), [None] * len(specs)
+        return
+    if not any(specs):
+        yield error_html("Every column is off: choose a model in at least one column."), [None] * len(specs)
+        return
+    views = [ColumnView(spec.label) if spec else None for spec in specs]
+    events = run_columns(registry, prompt, specs, use_chat_template)
+    pending: list[deque] = [deque() for _ in specs]
+    running = True
+    while running or any(pending):
+        try:  # wait for the next event only when there is nothing left to show
+            event = events.get(timeout=None if not any(pending) else 0)
+            while True:
+                if event is None:
+                    running = False
+                    break
+                pending[event[0]].append(event)
+                event = events.get_nowait()
+        except queue.Empty:
+            pass
+        for view, spec, todo in zip(views, specs, pending):
+            if todo:
+                _show(view, spec, registry, todo.popleft())
+        yield "", [view.html() if view else _off() for view in views]
+        if (running or any(pending)) and seconds_per_step > 0:
+            time.sleep(seconds_per_step)  # every frame stays on screen, however fast the model decodes
+
+
+def _show(view: ColumnView, spec: ColumnSpec, registry: ModelRegistry, event: tuple) -> None:
+    _, kind, payload = event
+    if kind == "error":
+        view.fail(payload)
+        return
+    if view.tokenizer is None:
+        view.attach(registry.get(spec.model)[1])  # loaded by now: the run needed it
+    if kind == "step":
+        view.step(payload)
+    else:
+        view.finish(payload.completions[0], payload.nfe[0], payload.num_tokens[0], payload.seconds)
+
+
+def _off() -> str:
+    return '<div class="t3d-column" style="color:#9ca3af">(off)</div>'
+
+
+def replay_page(dataset_path: str, row: Any, tokenizer_source: str, seconds_per_step: float) -> Iterator[str]:
+    """The Replay button: the HTML of every frame of one stored trajectory, or a message naming the problem."""
+    try:
+        for view in replay_frames(dataset_path, int(row or 0), tokenizer_source):
+            yield view.html()
+            if seconds_per_step > 0:
+                time.sleep(seconds_per_step)
+    except INPUT_ERRORS as err:
+        yield error_html(" ".join(str(err).split()))
+
+
+def build_app(
+    models: Mapping[str, Any] | None = None,
+    columns: Sequence[ColumnSpec | str] | None = None,
+    *,
+    quickstart_dir: str | Path | None = None,
+    trajectories: str | None = None,
+    dtype: str = "auto",
+    device: str | None = None,
+    seconds_per_step: float = 0.15,
+) -> Any:
+    """The playground as a ``gradio.Blocks`` (call ``.launch()`` on it).
+
+    Args:
+        models: name -> path or Hub id (adapters too) or a loaded ``(model, tokenizer)``; default: the packaged
+            teachers, plus the teacher and students of ``quickstart_dir``. Any other path or Hub id can be
+            typed into a column's model box.
+        columns: up to three :class:`ColumnSpec` (or ``NAME[:key=value,...]`` strings); default: the teacher at
+            TokPS 1, a student (or the teacher) at TokPS 4 and the teacher at threshold 0.9.
+        quickstart_dir: output folder of a finished ``t3d-trl quickstart`` run.
+        trajectories: the replay tab's dataset (default: the quickstart run's trajectories, when given).
+        dtype, device: how models load (see :func:`t3d_trl.evaluation.runner.load_model`).
+        seconds_per_step: how long each step stays on screen (changeable in the page).
+    """
+    import gradio as gr
+
+    registry = ModelRegistry(models if models is not None else default_models(quickstart_dir), dtype, device)
+    specs = [ColumnSpec.parse(c) if isinstance(c, str) else c for c in columns or []]
+    specs = specs or default_columns(registry.names, quickstart=quickstart_dir is not None)
+    if len(specs) > MAX_COLUMNS:
+        raise ValueError(f"the playground has at most {MAX_COLUMNS} columns, got {len(specs)}")
+    if (
+        trajectories is None
+        and quickstart_dir is not None
+        and (Path(quickstart_dir) / "trajectories").is_dir()
+    ):
+        trajectories = str(Path(quickstart_dir) / "trajectories")
+
+    with gr.Blocks(title="t3d-trl playground") as app:
+        gr.Markdown(_INTRO)
+        with gr.Tab("Decode"):
+            prompt = gr.Textbox(label="Prompt", lines=2, elem_id="t3d-prompt")
+            with gr.Row():
+                chat = gr.Checkbox(value=True, label="chat template (when the tokenizer has one)")
+                delay = gr.Slider(0, 1, value=seconds_per_step, step=0.05, label="seconds per step shown")
+                run = gr.Button("Run", variant="primary", elem_id="t3d-run")
+            status = gr.HTML(elem_id="t3d-status")
+            inputs, views = [], []
+            with gr.Row():
+                for i in range(MAX_COLUMNS):
+                    spec = specs[i] if i < len(specs) else ColumnSpec(OFF)
+                    with gr.Column(elem_id=f"t3d-column-{i}"):
+                        column_inputs, view = _column_inputs(gr, i, spec, registry.names)
+                        inputs += column_inputs
+                        views.append(view)
+
+            def on_run(prompt_text, use_chat, seconds, *values):
+                for status_html, htmls in decode_page(registry, prompt_text, use_chat, seconds, values):
+                    yield [status_html, *[gr.update() if h is None else h for h in htmls]]
+
+            for trigger in (run.click, prompt.submit):
+                trigger(on_run, [prompt, chat, delay, *inputs], [status, *views])
+        with gr.Tab("Replay trajectory"):
+            with gr.Row():
+                path = gr.Textbox(
+                    value=trajectories or "",
+                    label="trajectory dataset (folder or Hub id)",
+                    elem_id="t3d-replay-path",
+                )
+                row = gr.Number(value=0, precision=0, label="row", elem_id="t3d-replay-row")
+                tokenizer = gr.Textbox(label="tokenizer (empty: the dataset's teacher)")
+            replay_delay = gr.Slider(0, 1, value=seconds_per_step, step=0.05, label="seconds per step shown")
+            replay = gr.Button("Replay", variant="primary", elem_id="t3d-replay")
+            replay_view = gr.HTML(elem_id="t3d-replay-view")
+            replay.click(replay_page, [path, row, tokenizer, replay_delay], [replay_view])
+    app.queue(default_concurrency_limit=1)
+    return app
+
+
+def _column_inputs(gr: Any, index: int, spec: ColumnSpec, names: list[str]) -> tuple[list[Any], Any]:
+    """The inputs of one column (in ``COLUMN_FIELDS`` order) and its view, which sits under the model box."""
+    model = gr.Dropdown(
+        [OFF, *names],
+        value=spec.model,
+        allow_custom_value=True,
+        label=f"column {index + 1}: model (a name, a folder or a Hub id)",
+        elem_id=f"t3d-model-{index}",
+    )
+    view = gr.HTML(elem_id=f"t3d-view-{index}")
+    with gr.Accordion("decoding settings (0: the model's saved setting)", open=True):
+        with gr.Row():
+            tokps = gr.Number(value=spec.tokens_per_step, precision=0, label="tokens per step")
+            threshold = gr.Number(value=spec.threshold, label="threshold (0: static)")
+        with gr.Row():
+            block = gr.Number(value=spec.block_length, precision=0, label="block length")
+            new_tokens = gr.Number(value=spec.max_new_tokens, precision=0, label="max new tokens")
+        with gr.Row():
+            cache = gr.Dropdown(CACHE_CHOICES, value=spec.cache or CACHE_CHOICES[0], label="cache")
+            temperature = gr.Number(value=spec.temperature, label="temperature")
+    return [model, tokps, threshold, block, new_tokens, cache, temperature], view

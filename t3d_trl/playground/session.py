@@ -1,0 +1,354 @@
+"""What the playground runs, without Gradio: models by name, columns of decoding settings, live decoding of
+one prompt per column through a step streamer, and the replay of a stored trajectory.
+
+* :class:`ModelRegistry`: models named as in ``t3d-trl eval`` (``NAME=PATH``, Hub ids or folders, adapters too),
+  loaded on first use with :func:`t3d_trl.evaluation.runner.load_model`; a path typed in the page loads too.
+* :func:`default_models`: the packaged teachers, and the teacher and students of a finished ``t3d-trl
+  quickstart`` run.
+* :class:`ColumnSpec`: one column, a model and its decoding settings (``teacher:tokens_per_step=4``).
+* :func:`run_columns`: decodes the prompt column after column in a background thread and queues every
+  forward pass; :class:`ColumnView` turns them into the column's HTML.
+* :func:`replay_view`: one row of a trajectory dataset as the frames of the same animation.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..demo.quickstart import PACKAGED_TEACHERS
+from ..generation.configuration import DiffusionGenerationConfig
+from ..generation.streamers import DiffusionStep, DiffusionStreamer, token_pieces, token_separator
+from .render import CanvasState, canvas_html, column_html, error_html, stats_html, text_html
+
+logger = logging.getLogger(__name__)
+
+MAX_COLUMNS = 3
+#: Errors that bad input raises (a missing folder, settings a model refuses): shown in the page as they are.
+INPUT_ERRORS = (ValueError, FileNotFoundError, OSError, TypeError)
+
+
+# ------------------------------------------------------------------------------------------------ models
+def default_models(quickstart_dir: str | Path | None = None) -> dict[str, str]:
+    """Models that need no download: the packaged teachers (named after their task), and with
+    ``quickstart_dir`` the run's ``teacher`` and its students (``t3d``, ``td``, ...)."""
+    models = {
+        path.name: str(path)
+        for path in sorted(PACKAGED_TEACHERS.iterdir())
+        if (path / "config.json").is_file()
+    }
+    if quickstart_dir is not None:
+        models = {**quickstart_models(quickstart_dir), **models}
+    return models
+
+
+def quickstart_models(quickstart_dir: str | Path) -> dict[str, str]:
+    """``teacher`` and the students of a finished quickstart run (read from its ``results.json``)."""
+    folder = Path(quickstart_dir)
+    results_file = folder / "results.json"
+    if not results_file.is_file():
+        raise FileNotFoundError(
+            f"{folder} has no results.json: not the output folder of a finished quickstart run"
+        )
+    results = json.loads(results_file.read_text())
+    teacher = (
+        folder / "teacher" if results.get("teacher") == "trained here" else Path(results.get("teacher", ""))
+    )
+    if not (teacher / "config.json").is_file():
+        teacher = PACKAGED_TEACHERS / results["task"]
+    models = {"teacher": str(teacher)}
+    for method in results.get("config", {}).get("methods", []):
+        if (folder / method / "config.json").is_file():
+            models[method] = str(folder / method)
+    return models
+
+
+class ModelRegistry:
+    """Named models, loaded once on first use (thread-safe). A name that is not registered is read as a path or
+    Hub id, as ``t3d-trl eval`` reads ``--models PATH``.
+
+    Args:
+        models: name -> path / Hub id, or name -> an already loaded ``(model, tokenizer)``.
+        dtype, device: as :func:`t3d_trl.evaluation.runner.load_model` takes them.
+    """
+
+    def __init__(self, models: Mapping[str, Any], dtype: str = "auto", device: str | None = None) -> None:
+        self.sources = dict(models)
+        self.dtype, self.device = dtype, device
+        self._loaded: dict[str, tuple[Any, Any]] = {
+            name: value for name, value in self.sources.items() if isinstance(value, tuple)
+        }
+        self._lock = threading.Lock()
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.sources)
+
+    def get(self, name: str) -> tuple[Any, Any]:
+        """``(model, tokenizer)`` of a registered name, or of a path / Hub id."""
+        from ..evaluation.runner import load_model
+
+        name = name.strip()
+        if not name:
+            raise ValueError("no model chosen")
+        with self._lock:
+            if name not in self._loaded:
+                self._loaded[name] = load_model(self.sources.get(name, name), self.dtype, self.device)
+            return self._loaded[name]
+
+
+# ------------------------------------------------------------------------------------------------ columns
+@dataclass
+class ColumnSpec:
+    """One column of the page: a model and its decoding settings (``None``: the model's saved setting).
+
+    Written on the command line as ``NAME[:key=value,...]``, e.g. ``teacher:tokens_per_step=1`` or
+    ``t3d:tokens_per_step=4,block_length=8``; the keys are the fields below.
+    """
+
+    model: str
+    tokens_per_step: int | None = None
+    threshold: float | None = None
+    block_length: int | None = None
+    max_new_tokens: int | None = None
+    cache: str | None = None
+    temperature: float | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> ColumnSpec:
+        name, _, settings = text.partition(":")
+        if not name.strip():
+            raise ValueError(f"column {text!r}: give a model name first (NAME[:key=value,...])")
+        kinds = {f.name: f.type for f in fields(cls) if f.name != "model"}
+        values: dict[str, Any] = {}
+        for item in filter(None, (part.strip() for part in settings.split(","))):
+            key, sep, value = item.partition("=")
+            if not sep or key not in kinds:
+                raise ValueError(f"column {text!r}: {item!r} is not key=value with a key in {sorted(kinds)}")
+            kind = int if "int" in kinds[key] else float if "float" in kinds[key] else str
+            try:
+                values[key] = kind(value)
+            except ValueError as err:
+                raise ValueError(f"column {text!r}: {key} must be {kind.__name__}, got {value!r}") from err
+        return cls(model=name.strip(), **values)
+
+    def overrides(self) -> dict[str, Any]:
+        """The ``DiffusionGenerationConfig`` fields this column sets."""
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if f.name != "model" and getattr(self, f.name) is not None
+        }
+
+    @property
+    def label(self) -> str:
+        settings = ", ".join(f"{key}={value}" for key, value in self.overrides().items())
+        return f"{self.model} ({settings})" if settings else self.model
+
+
+def default_columns(models: Sequence[str], quickstart: bool = False) -> list[ColumnSpec]:
+    """The page's first columns: the teacher at one token per step, a student (or the same model) at 4, and the
+    teacher with threshold 0.9 (the quickstart's budgets)."""
+    if not models:
+        return []
+    teacher = "teacher" if quickstart and "teacher" in models else models[0]
+    students = [
+        name
+        for name in models
+        if quickstart and name not in ("teacher",) and name in ("t3d", "td", "redi", "dparallel")
+    ]
+    student = students[0] if students else teacher
+    return [
+        ColumnSpec(teacher, tokens_per_step=1),
+        ColumnSpec(student, tokens_per_step=4),
+        ColumnSpec(teacher, tokens_per_step=1, threshold=0.9),
+    ]
+
+
+# ------------------------------------------------------------------------------------------------ live runs
+class _QueueStreamer(DiffusionStreamer):
+    """Puts each forward pass of one column on the shared event queue."""
+
+    def __init__(self, events: queue.Queue, column: int):
+        self.events, self.column = events, column
+
+    def put(self, step: DiffusionStep) -> None:
+        self.events.put((self.column, "step", step))
+
+
+def run_columns(
+    registry: ModelRegistry,
+    prompt: str,
+    columns: Sequence[ColumnSpec | None],
+    use_chat_template: bool = True,
+    seed: int = 0,
+) -> queue.Queue:
+    """Decode ``prompt`` with every column in a background thread, one column after the other (so that each
+    column's wall time is its own), and return the queue of its events: ``(column, "step", DiffusionStep)``
+    after every forward pass, then ``(column, "done", Generations)`` or ``(column, "error", message)``, and
+    ``None`` at the end."""
+    events: queue.Queue = queue.Queue()
+
+    def work() -> None:
+        for index, spec in enumerate(columns):
+            if spec is None:
+                continue
+            try:
+                events.put(
+                    (
+                        index,
+                        "done",
+                        decode_one(registry, prompt, spec, use_chat_template, seed, events, index),
+                    )
+                )
+            except INPUT_ERRORS as err:
+                events.put((index, "error", " ".join(str(err).split()) or type(err).__name__))
+            except Exception as err:  # a bug: the page still says so, the log has the traceback
+                logger.exception("playground column %d failed", index)
+                events.put((index, "error", f"{type(err).__name__}: {err}"))
+        events.put(None)
+
+    threading.Thread(target=work, daemon=True, name="t3d-playground-run").start()
+    return events
+
+
+def decode_one(
+    registry: ModelRegistry,
+    prompt: str,
+    spec: ColumnSpec,
+    use_chat_template: bool = True,
+    seed: int = 0,
+    events: queue.Queue | None = None,
+    column: int = 0,
+) -> Any:
+    """One column's decoding of ``prompt``: :func:`~t3d_trl.evaluation.runner.generate_completions` with the
+    column's settings over the model's saved ones (streamed to ``events`` when given)."""
+    from ..evaluation.runner import generate_completions
+
+    if not prompt.strip():
+        raise ValueError("the prompt is empty: type one first")
+    model, tokenizer = registry.get(spec.model)
+    config = generation_config(model, spec)
+    generator = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
+    return generate_completions(
+        model,
+        tokenizer,
+        [prompt],
+        config,
+        use_chat_template=use_chat_template,
+        generator=generator,
+        progress=False,
+        streamer=_QueueStreamer(events, column) if events is not None else None,
+    )
+
+
+def generation_config(model: Any, spec: ColumnSpec) -> DiffusionGenerationConfig:
+    """The model's saved settings with the column's on top."""
+    return model.diffusion_generation_config.update(**spec.overrides())
+
+
+class ColumnView:
+    """The HTML of one column as its events arrive."""
+
+    def __init__(self, title: str, tokenizer: Any = None, label: str = "NFE"):
+        self.title, self.label = title, label
+        self.tokenizer: Any = None
+        self.special: set[int] = set()
+        self.separator = ""
+        if tokenizer is not None:
+            self.attach(tokenizer)
+        self.state: CanvasState | None = None
+        self.nfe = 0
+        self.footer: list[str] = []
+        self.error: str | None = None
+
+    def attach(self, tokenizer: Any) -> None:
+        """The tokenizer that turns the column's token ids into text."""
+        self.tokenizer = tokenizer
+        self.special = set(getattr(tokenizer, "all_special_ids", []) or [])
+        self.separator = token_separator(tokenizer)
+
+    def step(self, step: DiffusionStep) -> None:
+        """Show one forward pass (row 0 of the batch)."""
+        tokens, committed = step.tokens[0].tolist(), step.committed[0].tolist()
+        if self.state is None:
+            self.state = CanvasState([""] * len(tokens), [0] * len(tokens), separator=self.separator)
+        self.nfe = int(step.nfe[0])
+        new = [i for i, flag in enumerate(committed) if flag]
+        for i, piece in zip(new, token_pieces(self.tokenizer, [tokens[i] for i in new])):
+            self.state.pieces[i], self.state.steps[i] = piece, self.nfe
+            if tokens[i] in self.special:
+                self.state.hidden.add(i)
+        self.state.latest = self.nfe
+
+    def frame(self, pieces: list[str], steps: list[int], latest: int, hidden: set[int]) -> None:
+        """Show a stored state (the replay)."""
+        self.state = CanvasState(pieces, steps, latest, self.separator, hidden)
+        self.nfe = latest
+
+    def finish(self, text: str, nfe: int, tokens: int, seconds: float | None) -> None:
+        if self.state is not None:  # what is still masked lies after the completion's end: not drawn
+            self.state.hidden |= {i for i, step in enumerate(self.state.steps) if not step}
+            self.state.latest = 0
+        self.nfe = nfe
+        self.footer = [text_html(text), stats_html(nfe, tokens, seconds, done=True, label=self.label)]
+
+    def fail(self, message: str) -> None:
+        self.error = message
+
+    def html(self) -> str:
+        if self.error is not None:
+            return column_html(self.title, [error_html(self.error)])
+        body = [canvas_html(self.state)] if self.state is not None else []
+        return column_html(self.title, body + (self.footer or [stats_html(self.nfe, label=self.label)]))
+
+
+# ------------------------------------------------------------------------------------------------ replay
+def replay_frames(
+    dataset_path: str, row_index: int, tokenizer_source: str | None = None
+) -> Iterator[ColumnView]:
+    """The animation of one stored trajectory: a :class:`ColumnView` after each of the teacher's decode steps,
+    from its stored commit order (``decode_step``), then the finished row.
+
+    ``tokenizer_source``: where to read the tokenizer (default: the ``teacher`` of the dataset's metadata).
+    """
+    from transformers import AutoTokenizer
+
+    from ..data.hub import load_trajectories
+    from ..data.schema import TrajectoryMetadata
+
+    if not str(dataset_path).strip():
+        raise ValueError("give the path of a trajectory dataset")
+    dataset = load_trajectories(dataset_path)
+    if not 0 <= row_index < len(dataset):
+        raise ValueError(f"row {row_index} is out of range: the dataset has {len(dataset)} rows")
+    metadata = TrajectoryMetadata.from_dataset(dataset)
+    row = dataset[int(row_index)]
+    source = (tokenizer_source or "").strip() or metadata.teacher
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except OSError as err:
+        raise FileNotFoundError(
+            f"cannot read the tokenizer of {source!r} (the dataset's teacher): give a tokenizer path ({err})"
+        ) from err
+    ids, decode_step = list(row["completion_ids"]), list(row["decode_step"])
+    order = sorted({step for step in decode_step if step > 0})
+    rank = {step: k + 1 for k, step in enumerate(order)}  # pass number, as the live view counts them
+    pieces = token_pieces(tokenizer, ids)
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    hidden = {i for i, token in enumerate(ids) if token in special}
+    view = ColumnView(f"{metadata.teacher} · row {row['id']}", tokenizer, label="steps")
+    for k in range(1, len(order) + 1):
+        steps = [rank.get(step, 0) if rank.get(step, 0) <= k else 0 for step in decode_step]
+        view.frame(pieces, steps, k, hidden)
+        yield view
+    view.finish(row["completion"], len(order), len(ids), None)
+    yield view

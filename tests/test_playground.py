@@ -1,0 +1,247 @@
+"""The playground in a real browser (headless Chromium through selenium), and its handlers without one."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+import pytest
+import torch
+from testing_utils import free_port
+
+from t3d_trl.data.prompts import encode_prompts
+from t3d_trl.demo.quickstart import PACKAGED_TEACHERS
+from t3d_trl.evaluation.runner import load_model
+from t3d_trl.playground import ColumnSpec, ModelRegistry, build_app, default_columns, default_models
+from t3d_trl.playground.app import column_specs, decode_page
+
+SORT2 = str(PACKAGED_TEACHERS / "sort2")
+PROMPT = "h c a f b e d g ="
+
+
+def _expected(prompt: str, **settings) -> tuple[str, int]:
+    """``diffusion_generate``'s completion (cut at EOS, special tokens skipped) and NFE for the sort2 teacher."""
+    model, tokenizer = load_model(SORT2, device="cpu")
+    ids = torch.tensor(encode_prompts(tokenizer, [prompt])[1])
+    out = model.diffusion_generate(ids, return_dict_in_generate=True, **settings)
+    completion = out.sequences[0, ids.shape[1] :].tolist()
+    eos = tokenizer.eos_token_id
+    completion = completion[: completion.index(eos)] if eos in completion else completion
+    return tokenizer.decode(completion, skip_special_tokens=True), int(out.nfe[0])
+
+
+# ------------------------------------------------------------------------------------------------ handlers
+def _values(*specs: ColumnSpec) -> list:
+    values = []
+    for spec in specs:
+        values += [spec.model, spec.tokens_per_step, spec.threshold, spec.block_length, spec.max_new_tokens]
+        values += [spec.cache, spec.temperature]
+    return values
+
+
+def test_decode_page_streams_each_column_and_names_bad_input():
+    registry = ModelRegistry(default_models())
+    assert registry.names == ["sort2", "wordsort", "wordsort_bidirectional"]
+    teacher, student, dynamic = default_columns(registry.names)
+    assert (teacher.tokens_per_step, student.tokens_per_step, dynamic.threshold) == (1, 4, 0.9)
+    frames = list(decode_page(registry, PROMPT, True, 0, _values(teacher, student)))
+    # Every forward pass of every column is shown: 8 at one token per step, 2 at four.
+    for column, passes in ((0, 8), (1, 2)):
+        shown = [
+            int(html.split('data-nfe="')[1].split('"')[0]) for _, htmls in frames for html in [htmls[column]]
+        ]
+        assert sorted(set(shown) - {0}) == list(range(1, passes + 1)) and shown == sorted(shown)
+    for spec, html in zip((teacher, student), frames[-1][1]):
+        text, nfe = _expected(PROMPT, **spec.overrides())
+        assert '<div class="t3d-text"' in html and f">{text}</div>" in html
+        assert f'data-done="1" data-nfe="{nfe}"' in html and html.count('class="t3d-tok"') == 8
+    assert "t3d-mask" in frames[0][1][0]
+
+    bad = [
+        ColumnSpec("wordsort", cache="prefix"),  # settings a block-causal model refuses
+        ColumnSpec("/no/such/model"),  # a model folder that does not exist
+        ColumnSpec("sort2"),
+    ]
+    status, htmls = list(decode_page(registry, "a " * 70, True, 0, _values(*bad)))[-1]
+    assert "block-causal models decode with their exact block cache" in htmls[0]
+    assert "model &#x27;/no/such/model&#x27;: no such folder" in htmls[1]
+    assert "exceeds the model&#x27;s max_position_embeddings=64" in htmls[2]  # prompt too long
+    assert all('class="t3d-error"' in html for html in htmls)
+    status, htmls = next(decode_page(registry, "  ", True, 0, _values(*bad)))
+    assert "prompt is empty" in status and htmls == [None, None, None]
+
+
+def test_column_specs_from_the_command_line_and_the_page():
+    spec = ColumnSpec.parse("t3d:tokens_per_step=4,threshold=0.9,cache=dual")
+    assert spec == ColumnSpec("t3d", tokens_per_step=4, threshold=0.9, cache="dual")
+    assert spec.label == "t3d (tokens_per_step=4, threshold=0.9, cache=dual)"
+    with pytest.raises(ValueError, match="'steps=2' is not key=value with a key in"):
+        ColumnSpec.parse("t3d:steps=2")
+    with pytest.raises(ValueError, match="tokens_per_step must be int, got 'x'"):
+        ColumnSpec.parse("t3d:tokens_per_step=x")
+    # The page: 0 or empty leaves a setting to the model; "(off)" turns a column off.
+    page = ["sort2", 2, 0, None, 8, "(saved)", None, "(off)", 1, None, None, None, "none", 0.0]
+    assert column_specs(page) == [ColumnSpec("sort2", tokens_per_step=2, max_new_tokens=8), None]
+
+
+def test_quickstart_models_and_columns(tmp_path):
+    import json
+
+    with pytest.raises(FileNotFoundError, match="not the output folder of a finished quickstart run"):
+        default_models(tmp_path)
+    (tmp_path / "t3d").mkdir()
+    (tmp_path / "t3d" / "config.json").write_text("{}")
+    results = {"task": "sort2", "teacher": SORT2, "config": {"methods": ["t3d", "td"]}}
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    models = default_models(tmp_path)
+    assert models["teacher"] == SORT2 and models["t3d"] == str(tmp_path / "t3d") and "td" not in models
+    assert [c.model for c in default_columns(list(models), quickstart=True)] == ["teacher", "t3d", "teacher"]
+
+
+def test_playground_command_binds_locally_and_checks_models_first(monkeypatch, capsys):
+    import gradio
+
+    from t3d_trl.cli.main import main
+
+    launched = {}
+    monkeypatch.setattr(gradio.Blocks, "launch", lambda self, **kwargs: launched.update(kwargs))
+    assert main(["playground", "--models", f"teacher={SORT2}", "--columns", "teacher:tokens_per_step=2"]) == 0
+    assert launched == {"server_name": "127.0.0.1", "server_port": None, "share": False}
+    assert main(["playground", "--models", "teacher=/no/such/folder"]) == 2
+    assert "t3d-trl playground: model '/no/such/folder': no such folder" in capsys.readouterr().err
+    assert main(["playground", "--columns", "sort2:speed=2"]) == 2
+    assert "'speed=2' is not key=value" in capsys.readouterr().err
+
+
+def test_replay_tab_animates_a_stored_trajectory(tmp_path, tokenizer):
+    from testing_utils import build_bidirectional_model, build_trajectories
+
+    from t3d_trl.playground.app import replay_page
+
+    teacher = build_bidirectional_model(tokenizer)
+    dataset = build_trajectories(teacher, tokenizer, ["hello", "abc"], max_new_tokens=8, block_length=4)
+    dataset.save_to_disk(str(tmp_path / "traj"))
+    tokenizer.save_pretrained(tmp_path / "tok")
+    frames = list(replay_page(str(tmp_path / "traj"), 1, str(tmp_path / "tok"), 0))
+    row = dataset[1]
+    steps = sorted(set(row["decode_step"]))
+    assert len(frames) == len(steps) + 1  # one frame per stored step, then the finished row
+    assert frames[0].count("t3d-mask") == len(row["completion_ids"]) - row["decode_step"].count(steps[0])
+    assert f'data-done="1" data-nfe="{len(steps)}"' in frames[-1] and "t3d-mask" not in frames[-1]
+    assert frames[-1].count('class="t3d-tok"') == len(row["completion_ids"])
+    # Tokens sit on the colour of their stored step's rank (the pass number of the live view).
+    for position, step in enumerate(row["decode_step"]):
+        assert f'data-step="{steps.index(step) + 1}"' in frames[-1].split('class="t3d-tok"')[position + 1]
+    assert "out of range: the dataset has 2 rows" in next(replay_page(str(tmp_path / "traj"), 5, "", 0))
+    assert "t3d-error" in next(replay_page(str(tmp_path / "nope"), 0, "", 0))
+
+
+# ------------------------------------------------------------------------------------------------ browser
+def _browser_paths() -> tuple[str, str]:
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    if not (chromium and driver):
+        message = (
+            "the browser test needs the system packages chromium and chromium-driver (.ci/run installs them)"
+        )
+        if os.environ.get("CI"):
+            pytest.fail(message)  # never skipped in CI
+        pytest.skip(message)
+    return chromium, driver
+
+
+@pytest.fixture(scope="module")
+def browser_page():
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    chromium, driver_path = _browser_paths()
+    port = free_port()
+    app = build_app({"sort2": SORT2}, ["sort2:tokens_per_step=2"], seconds_per_step=0.3)
+    app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(driver_path), options=options)
+    try:
+        driver.get(f"http://127.0.0.1:{port}/")
+        yield driver
+    finally:
+        driver.quit()
+        app.close()
+
+
+def _wait(driver, css: str, timeout: float = 60.0, seen_masks: list | None = None):
+    """The first element matching ``css`` (noting whether a masked canvas went by while waiting)."""
+    from selenium.webdriver.common.by import By
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if seen_masks is not None and driver.find_elements(By.CSS_SELECTOR, "#t3d-view-0 .t3d-mask"):
+            seen_masks.append(True)
+        found = driver.find_elements(By.CSS_SELECTOR, css)
+        if found:
+            return found[0]
+        time.sleep(0.05)
+    raise AssertionError(f"nothing matched {css!r} within {timeout} s")
+
+
+def _run(driver, prompt: str) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    box = _wait(driver, "#t3d-prompt textarea")
+    box.send_keys(Keys.CONTROL, "a")
+    box.send_keys(Keys.DELETE)
+    if prompt:
+        box.send_keys(prompt)
+    driver.find_element(By.CSS_SELECTOR, "#t3d-run").click()
+
+
+def test_browser_runs_the_sort2_teacher_and_survives_bad_input(browser_page, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    driver = browser_page
+    text, nfe = _expected(PROMPT, tokens_per_step=2)
+    _run(driver, PROMPT)
+    seen_masks: list = []
+    stats = _wait(driver, "#t3d-view-0 .t3d-stats[data-done='1']", seen_masks=seen_masks)
+    assert seen_masks, "no intermediate canvas with masked positions was shown"
+    assert driver.find_element(By.CSS_SELECTOR, "#t3d-view-0 .t3d-text").text == text
+    assert stats.find_element(By.CSS_SELECTOR, ".t3d-nfe").text == str(nfe) == "4"
+    steps = {
+        e.get_attribute("data-step") for e in driver.find_elements(By.CSS_SELECTOR, "#t3d-view-0 .t3d-tok")
+    }
+    assert steps == {"1", "2", "3", "4"}
+    screenshot = tmp_path / "playground.png"
+    assert driver.save_screenshot(str(screenshot)) and screenshot.stat().st_size > 10_000
+    print(f"screenshot: {screenshot}")
+
+    # Bad input: an empty prompt is named in the page; a prompt over the model's limit in its column.
+    _run(driver, "")
+    assert "prompt is empty" in _wait(driver, "#t3d-status .t3d-error").text
+    _run(driver, "a " * 70)
+    error = _wait(driver, "#t3d-view-0 .t3d-error")
+    assert "exceeds the model's max_position_embeddings=64" in error.text
+    # The server still serves: a good run afterwards decodes again.
+    _run(driver, PROMPT)
+    _wait(driver, "#t3d-view-0 .t3d-stats[data-done='1']")
+    assert driver.find_element(By.CSS_SELECTOR, "#t3d-view-0 .t3d-text").text == text
+    assert not driver.find_elements(By.CSS_SELECTOR, "#t3d-status .t3d-error")
+
+
+def test_space_entry_point_builds_the_page_from_its_variables(monkeypatch):
+    import runpy
+    from pathlib import Path
+
+    import gradio
+
+    monkeypatch.setenv("T3D_TRL_MODELS", f"teacher={SORT2}")
+    monkeypatch.setenv("T3D_TRL_COLUMNS", "teacher:tokens_per_step=1 teacher:tokens_per_step=4")
+    app = Path(__file__).parent.parent / "examples" / "space_app.py"
+    demo = runpy.run_path(str(app))["demo"]
+    assert isinstance(demo, gradio.Blocks)
+    dropdowns = [block for block in demo.blocks.values() if getattr(block, "elem_id", None) == "t3d-model-1"]
+    assert dropdowns[0].value == "teacher"

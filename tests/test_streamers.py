@@ -1,0 +1,195 @@
+"""Tests of the step streamers (``diffusion_generate(..., streamer=...)``)."""
+
+from __future__ import annotations
+
+import io
+import threading
+
+import pytest
+import torch
+from testing_utils import build_bidirectional_model, build_block_causal_model, build_modernbert_model
+
+from t3d_trl import DiffusionIteratorStreamer, DiffusionStreamer, TerminalStreamer
+from t3d_trl.demo.quickstart import PACKAGED_TEACHERS
+from t3d_trl.generation.streamers import MASK_GLYPH, token_pieces, token_separator
+
+PROMPTS = ["hi", "hello there", "a much longer prompt!"]
+
+
+class Recorder(DiffusionStreamer):
+    def __init__(self):
+        self.steps = []
+        self.ended = 0
+
+    def put(self, step):
+        self.steps.append(step)
+
+    def end(self):
+        self.ended += 1
+
+
+# (model kind, settings): every family, cache mode and decoding rule.
+CASES = [
+    ("bidirectional", {"cache": "none"}),
+    ("bidirectional", {"cache": "prefix"}),
+    ("bidirectional", {"cache": "dual"}),
+    ("block_causal", {"use_cache": True}),
+    ("block_causal", {"use_cache": False}),
+    ("modernbert", {}),
+]
+BUILDERS = {
+    "bidirectional": build_bidirectional_model,
+    "block_causal": build_block_causal_model,
+    "modernbert": build_modernbert_model,
+}
+
+
+@pytest.mark.parametrize(("kind", "settings"), CASES, ids=lambda v: v if isinstance(v, str) else str(v))
+@pytest.mark.parametrize("rule", [{"tokens_per_step": 2}, {"threshold": 0.3}], ids=["static", "dynamic"])
+def test_streamer_sees_every_pass_and_changes_nothing(tokenizer, kind, settings, rule):
+    model = BUILDERS[kind](tokenizer)
+    batch = tokenizer(PROMPTS, return_tensors="pt", padding=True)
+    kwargs = dict(
+        max_new_tokens=12, block_length=4, stop_at_eos=False, return_dict_in_generate=True, **settings, **rule
+    )
+    plain = model.diffusion_generate(batch.input_ids, batch.attention_mask, **kwargs)
+    recorder = Recorder()
+    streamed = model.diffusion_generate(batch.input_ids, batch.attention_mask, streamer=recorder, **kwargs)
+
+    assert torch.equal(plain.sequences, streamed.sequences)
+    assert torch.equal(plain.decode_steps, streamed.decode_steps)
+    assert torch.equal(plain.nfe, streamed.nfe)
+    assert recorder.ended == 1
+    steps = recorder.steps
+    # One put per forward pass: each pass counts for the rows it ran (at least one), up to the output's NFE.
+    nfe = torch.stack([torch.zeros_like(plain.nfe)] + [step.nfe for step in steps])
+    increments = nfe.diff(dim=0)
+    assert ((increments == 0) | (increments == 1)).all() and increments.any(-1).all()
+    assert torch.equal(steps[-1].nfe, plain.nfe)
+    mask_id = model.diffusion_config.mask_token_id
+    generated = plain.sequences[:, -12:]
+    seen = torch.zeros_like(generated, dtype=torch.bool)
+    for previous, step in zip([None, *steps], steps):
+        # Each pass commits only masked positions, of its own block, with the decode step the output records.
+        assert not (step.committed & seen).any()
+        assert torch.equal(step.masked, step.tokens == mask_id)
+        assert torch.equal(step.masked, ~(seen | step.committed))
+        committed_steps = step.step.unsqueeze(1).expand_as(generated)[step.committed]
+        assert torch.equal(plain.decode_steps[step.committed], committed_steps)
+        assert torch.equal(step.tokens[~step.masked], generated[~step.masked])
+        if previous is not None:
+            assert step.block >= previous.block
+        seen |= step.committed
+    assert seen.all() and not steps[-1].masked.any()
+
+
+def test_streamer_of_a_row_finished_early_matches_its_output(tokenizer):
+    # stop_at_eos: rows stop counting NFE once finished; the streamed NFE still ends at the output's.
+    model = build_bidirectional_model(tokenizer)
+    batch = tokenizer(PROMPTS, return_tensors="pt", padding=True)
+    first = model.diffusion_generate(batch.input_ids, batch.attention_mask, max_new_tokens=8, block_length=4)
+    eos = int(first[0, -8])
+    recorder = Recorder()
+    out = model.diffusion_generate(
+        batch.input_ids,
+        batch.attention_mask,
+        max_new_tokens=8,
+        block_length=4,
+        eos_token_id=eos,  # the first row's first token: it finishes within its first block
+        return_dict_in_generate=True,
+        streamer=recorder,
+    )
+    assert torch.equal(recorder.steps[-1].nfe, out.nfe)
+    assert int(out.nfe[0]) <= 4 and len(recorder.steps) == int(out.nfe.max()) < 8
+
+
+def test_iterator_streamer_hands_the_steps_to_another_thread(tokenizer):
+    model = build_block_causal_model(tokenizer)
+    ids = tokenizer(["hello"], return_tensors="pt").input_ids
+    streamer = DiffusionIteratorStreamer(timeout=60)
+    result = {}
+
+    def run():
+        result["out"] = model.diffusion_generate(
+            ids, max_new_tokens=8, block_length=4, return_dict_in_generate=True, streamer=streamer
+        )
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    steps = list(streamer)
+    thread.join()
+    assert len(steps) == int(result["out"].nfe[0]) and steps[-1].nfe.tolist() == result["out"].nfe.tolist()
+
+
+def test_token_pieces_separator_follows_the_tokenizer(tokenizer):
+    from transformers import AutoTokenizer
+
+    ids = tokenizer("ab")["input_ids"]
+    assert token_pieces(tokenizer, ids) == ["a", "b"]
+    assert token_separator(tokenizer) == ""  # character level: pieces concatenate
+    words = AutoTokenizer.from_pretrained(PACKAGED_TEACHERS / "sort2")
+    assert token_pieces(words, words("a b")["input_ids"]) == ["a", "b"]
+    assert token_separator(words) == " "  # word level: the decoder joins tokens with spaces
+
+
+def _steps(tokenizer, **kwargs):
+    model = build_bidirectional_model(tokenizer)
+    ids = tokenizer(["hello"], return_tensors="pt").input_ids
+    recorder = Recorder()
+    out = model.diffusion_generate(
+        ids, max_new_tokens=8, block_length=4, stop_at_eos=False, streamer=recorder, **kwargs
+    )
+    return recorder.steps, tokenizer.decode(out[0, -8:])
+
+
+def test_terminal_streamer_logs_one_canvas_per_step_without_a_terminal(tokenizer):
+    steps, text = _steps(tokenizer, tokens_per_step=2)
+    stream = io.StringIO()
+    streamer = TerminalStreamer(tokenizer, stream=stream)  # StringIO is no terminal: no redraw, no colour
+    for step in steps:
+        streamer.put(step)
+    streamer.end()
+    lines = stream.getvalue().splitlines()
+    assert "\x1b" not in stream.getvalue()
+    canvases, statuses = lines[0::2], lines[1::2]
+    assert len(canvases) == len(steps) == 4
+    assert canvases[0].count(MASK_GLYPH) == 6 and canvases[-1] == text
+    assert statuses[-1] == "block 2 | step 4 | nfe 4"
+
+
+def test_terminal_streamer_redraws_in_place_with_the_new_tokens_highlighted(tokenizer):
+    steps, text = _steps(tokenizer, tokens_per_step=4)
+    stream = io.StringIO()
+    streamer = TerminalStreamer(tokenizer, stream=stream, redraw=True, color=True)
+    streamer.put(steps[0])
+    first = stream.getvalue()
+    assert first.count("\x1b[1;7m") == 4  # the four tokens of the first pass, highlighted
+    assert first.count(MASK_GLYPH) == 4 and "\x1b[A" not in first
+    streamer.put(steps[1])
+    second = stream.getvalue()[len(first) :]
+    assert second.startswith("\x1b[1A\r\x1b[J")  # back over the two rows drawn, cleared
+    assert second.count("\x1b[1;7m") == 4 and MASK_GLYPH not in second
+    streamer.end()
+    assert stream.getvalue().endswith("\n")
+
+
+def test_generate_show_steps_draws_every_pass_then_the_totals(capsys):
+    from t3d_trl.cli.main import main
+    from t3d_trl.evaluation.runner import generate_completions, load_model
+
+    path = str(PACKAGED_TEACHERS / "sort2")
+    prompt = "h c a f b e d g ="
+    assert (
+        main(["generate", "--model", path, "--prompt", prompt, "--tokens_per_step", "2", "--show_steps"]) == 0
+    )
+    captured = capsys.readouterr()
+    model, tokenizer = load_model(path, device="cpu")
+    config = model.diffusion_generation_config.update(tokens_per_step=2)
+    expected = generate_completions(model, tokenizer, [prompt], config, progress=False)
+    assert captured.out == expected.completions[0] + "\n"
+    lines = captured.err.splitlines()
+    statuses = [i for i, line in enumerate(lines) if line.startswith("block ")]
+    assert len(statuses) == expected.nfe[0] == 4 and lines[statuses[-1]] == "block 1 | step 4 | nfe 4"
+    canvases = [lines[i - 1] for i in statuses]
+    assert canvases[0].count(MASK_GLYPH) == 6 and canvases[-1] == expected.completions[0]
+    assert lines[-1].startswith(f"nfe=4 tokens={expected.num_tokens[0]} tokens/step=2.00 seconds=")
