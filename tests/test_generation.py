@@ -365,7 +365,9 @@ def test_confident_model_ranks_like_the_fast_dllm_port(tokenizer, cache):
             prompt, max_new_tokens=16, block_length=8, stop_at_eos=False, cache=cache, **budget
         )
         steps = 16 // (tokens_per_step or 1)
-        port, _ = fast_dllm_generate(model, prompt, steps, 16, 8, cache, threshold, tokenizer.mask_token_id)
+        port, _ = fast_dllm_generate(
+            model, prompt, steps, 16, 8, cache, threshold, mask_id=tokenizer.mask_token_id
+        )
         assert torch.equal(ours, port), (tokens_per_step, threshold)
 
 
