@@ -196,3 +196,30 @@ def test_recipe_keys_and_flags_name_the_closest(tmp_path):
         parse_recipe(
             [EvalConfig], ["--models", "m", "--benchmark", "gsm8k"], prog="t3d-trl eval", description=""
         )
+
+
+def test_compile_flag_reaches_every_command(tmp_path):
+    from t3d_trl.cli.collect import CollectConfig
+    from t3d_trl.cli.decoding import decoding_overrides
+    from t3d_trl.cli.eval import EvalConfig
+    from t3d_trl.cli.generate import build_parser
+
+    args = build_parser().parse_args(["--model", "m", "--prompt", "p", "--compile", "reduce-overhead"])
+    assert decoding_overrides(args)["compile"] == "reduce-overhead"
+    argv = ["--models", "m", "--compile", "default"]
+    (config,) = parse_recipe([EvalConfig], argv, prog="t3d-trl eval", description="")
+    assert config.generation_kwargs() == {"compile": "default"}
+    argv = [
+        "--model_name_or_path",
+        "m",
+        "--dataset_name",
+        "d",
+        "--output_dir",
+        str(tmp_path),
+        "--compile",
+        "default",
+    ]
+    (config,) = parse_recipe([CollectConfig], argv, prog="t3d-trl collect", description="")
+    assert config.compile == "default"
+    with pytest.raises((SystemExit, RecipeError), match="invalid choice: 'fast'"):
+        build_parser().parse_args(["--model", "m", "--prompt", "p", "--compile", "fast"])
