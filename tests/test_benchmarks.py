@@ -296,22 +296,11 @@ def test_generation_benchmark_accuracy_only_reports_the_caches_cost_for_a_given_
 
 
 @pytest.mark.slow
-def test_generation_benchmark_compile_only_compares_compiled_and_eager_tokens():
-    result, printed = run_quick(REPO / "benchmarks" / "bench_generation.py", "--compile-only")
-    assert result["compiled_identical_tokens"] is True
-    assert result["compiled_speedup_batch1_tiny"] > 0  # a ratio of timings: its size is not asserted
-    (row,) = result["compile_rows"]
-    assert (row["model"], row["batch"], row["mode"]) == ("wordsort", 1, "exact") and row["compile_s"] > 0
-    assert "compiled/eager wordsort b1 exact" in printed
-
-
-@pytest.mark.slow
 def test_throughput_benchmark_compile_runs_on_the_cpu():
     result, printed = run_quick(REPO / "benchmarks" / "bench_throughput.py", "--compile")
     assert result["compiled_identical_tokens"] is True and result["compile_mode"] == "default"
-    assert {(row["model"], row["decoding"]) for row in result["rows"]} == {
-        ("llada_like", "dual"),
-        ("sdar_like", "exact"),
-    }
+    assert [(row["model"], row["decoding"], row["batch"]) for row in result["rows"]] == [
+        ("sdar_like", "exact", 2)
+    ]
     assert all(row["compile_s"] > 0 and row["peak_memory_gb"] is None for row in result["rows"])
     assert "compiled tok/s" in printed
