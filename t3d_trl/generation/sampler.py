@@ -5,22 +5,26 @@ mask tokens and is decoded in blocks of ``block_length`` tokens, left to right.
 
 * Bidirectional models (LLaDA, Dream, BERT-style): the canvas is ``[prompt | masks]`` and blocks start at
   the end of the prompt (LLaDA reference semantics). Every step runs the whole canvas (or, with the
-  approximate ``cache="prefix"``/``"dual"``, a window of it), but vocabulary logits are computed only for the
-  current block's positions that some row still has masked.
+  approximate ``cache_implementation="prefix"``/``"dual"``, a window of it), but vocabulary logits are computed
+  only for the current block's positions that some row still has masked (a compiled step: the whole block).
 * Block-causal models (SDAR): attention blocks are aligned to absolute position 0 of each row, so the
   prompt's tail shares the first decoding block with the first masks; those prompt tokens are never
   masked or overwritten. Rows are re-laid so that their block boundaries coincide (extra left padding, a
-  multiple of the block length). With ``use_cache`` the whole prompt blocks are prefilled once into a KV
-  cache; each step runs the current block against the cache, which it does not modify; a finished block's
-  keys/values are written by the next block's first step (one forward over both blocks), so no forward
-  pass is spent on writing alone.
+  multiple of the block length). With ``use_cache`` the whole prompt blocks are prefilled once into the
+  static KV cache; each step runs the current block against the cache (its own keys/values, written in place,
+  are hidden from earlier blocks and rewritten by its next step); a finished block's final keys/values are
+  written by the next block's first step (one forward over both blocks), so no forward pass is spent on
+  writing alone.
+
+Caches and compilation. Every mode keeps its keys/values in one preallocated
+:class:`~t3d_trl.generation.static_cache.StaticKVCache` over the whole canvas, so a mode's steps have fixed
+shapes; ``compile`` runs the step's forward through ``torch.compile`` (:mod:`t3d_trl.generation.compiled`).
 
 Schedules. Static decoding splits the ``m`` masks of a block over its ``steps_per_block`` steps (LLaDA: each
 step ``m // s``, the first ``m % s`` steps one more); steps whose quota is zero for every row are skipped.
 ``decode_steps`` records, for every generated token, the global step (1-based, ``block * steps_per_block +
 step + 1``) at which it was unmasked; with ``stop_at_eos``, 0 marks a position filled after the completion's
-EOS. Dynamic
-decoding (``threshold``) counts its steps per row instead.
+EOS. Dynamic decoding (``threshold``) counts its steps per row instead.
 """
 
 from __future__ import annotations
