@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import logging
 import time
+import types
 import warnings
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +70,18 @@ def forward_window(
     ).logits
 
 
+RECOMPILE_LIMIT = 64
+
+
+def _own_copy(fn: Callable) -> Callable:
+    """``fn`` with a code object of its own. torch.compile keeps its compiled graphs, recompile count and the
+    shapes it has seen per code object, so each model's step gets its own instead of sharing (and growing
+    shape-generic through) those of every other model."""
+    return types.FunctionType(
+        fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__
+    )
+
+
 class EagerStep:
     """The step run as plain PyTorch (no compilation)."""
 
@@ -101,7 +115,10 @@ class CompiledStep(EagerStep):
         # graph generic in the dimensions that changed, so modes whose window length changes per block (prefix,
         # and the no-cache canvas of block-causal models) compile twice, not once per block.
         options = dict(mode=None if mode == "default" else mode, dynamic=None)
-        self._forward = torch.compile(forward_window, **options)
+        self._forward = torch.compile(_own_copy(forward_window), **options)
+        # A model meets a few shapes per mode and batch size; dynamo's default limit (8) would silently send
+        # the ninth to eager.
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         self._caches: dict[tuple, StaticKVCache] = {}
         self._seen: set[tuple] = set()
         self.compile_seconds = 0.0
