@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -48,3 +49,18 @@ def test_unknown_names_raise_attribute_error():
     with pytest.raises(AttributeError, match="no attribute 'T3DTrainerr'"):
         t3d_trl.T3DTrainerr  # noqa: B018
     assert "T3DTrainer" in dir(t3d_trl)
+
+
+def test_every_top_level_module_is_in_a_layer_of_the_import_contract():
+    # lint-imports (make lint) checks only the modules its layers name: a new package must take its place there.
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    pyproject = tomllib.loads((Path(t3d_trl.__file__).parents[1] / "pyproject.toml").read_text())
+    [contract] = [c for c in pyproject["tool"]["importlinter"]["contracts"] if c["type"] == "layers"]
+    layered = {name.strip() for layer in contract["layers"] for name in layer.split("|")}
+    package = Path(t3d_trl.__file__).parent
+    modules = {
+        f"t3d_trl.{p.stem}"
+        for p in package.iterdir()
+        if (p.is_dir() and (p / "__init__.py").exists()) or (p.suffix == ".py" and p.stem != "__init__")
+    }
+    assert modules - layered == set()
