@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import build_bidirectional_model, build_trajectories, free_port
+from testing_utils import build_bidirectional_model, build_trajectories, free_port
 
 from t3d_trl import DiffusionGenerationConfig
 from t3d_trl.cli.main import main
@@ -59,6 +59,8 @@ def launch_recipe(files, tmp_path: Path, name: str, launcher: dict, **settings) 
     return write_yaml(tmp_path / f"{name}.yaml", recipe)
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_two_process_cli_run_matches_the_one_process_python_api(tokenizer, files, tmp_path, capfd):
     from t3d_trl import load_trajectories
 
@@ -124,6 +126,8 @@ def test_flags_override_the_recipe_and_bad_recipes_exit_2(files, tmp_path, capsy
     assert "dataset_name" in capsys.readouterr().err
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_fsdp_on_cpu_processes_is_refused_not_trained_as_copies(files, tmp_path, capfd):
     # The FSDP config switched to the CPU (issue 15): accelerate cannot shard CPU processes. Before, both processes
     # trained their own copy and both saved; now each stops with the reason before training.

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import (
+from testing_utils import (
     build_bidirectional_model,
     build_block_causal_model,
     build_trajectories,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections import Counter
@@ -11,7 +12,7 @@ import datasets
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import (
+from testing_utils import (
     build_bidirectional_model,
     build_block_causal_model,
     build_tokenizer,
@@ -293,6 +294,14 @@ def test_resume_refuses_other_settings(tmp_path, tokenizer, bidirectional_model)
         )
     with pytest.raises(ValueError, match="num_prompts: 3 \\(saved\\) != 4"):
         collect(bidirectional_model, tokenizer, tmp_path, rows=ROWS[:4])
+    # A collection saved before a decoding setting existed resumes when the setting is at its default.
+    manifest = json.loads((tmp_path / "collection.json").read_text())
+    del manifest["generation_config"]["cfg_scale"]
+    (tmp_path / "collection.json").write_text(json.dumps(manifest))
+    assert len(collect(bidirectional_model, tokenizer, tmp_path, rows=ROWS[:3])) == 3
+    with pytest.raises(ValueError, match="cfg_scale: 0.0 \\(saved\\) != 0.5"):
+        guided = DiffusionGenerationConfig(**GREEDY, cfg_scale=0.5)
+        collect(bidirectional_model, tokenizer, tmp_path, rows=ROWS[:3], generation_config=guided)
 
 
 def _collect_worker(rank: int, world_size: int, port: int, output_dir: str) -> None:
@@ -319,6 +328,8 @@ def _collect_worker(rank: int, world_size: int, port: int, output_dir: str) -> N
     torch.distributed.destroy_process_group()
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 @pytest.mark.skipif("fork" not in torch.multiprocessing.get_all_start_methods(), reason="needs fork")
 def test_two_processes_equal_one(tmp_path, tokenizer):
     # Two real processes joined by a gloo process group; forked, so they reuse this process's imports.
