@@ -148,9 +148,9 @@ def run(config: CollectConfig) -> datasets.Dataset:
     from ..data.trajectories import _process_group, collect_trajectories, collection_summary
     from ..models.auto import check_model_source
 
-    check_dataset_source(config.dataset_name)  # both before anything loads
-    check_model_source(config.model_name_or_path, revision=config.model_revision)
+    check_dataset_source(config.dataset_name)  # one line instead of datasets' Hub traceback
     source = load_source_dataset(config.dataset_name, config.dataset_config, config.dataset_split)
+    check_model_source(config.model_name_or_path, revision=config.model_revision)  # before the teacher loads
     if config.limit is not None:
         source = source.select(range(min(config.limit, len(source))))
     model_kwargs: dict[str, Any] = {
