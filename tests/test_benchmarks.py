@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import BENCHMARK_ROWS
+from testing_utils import BENCHMARK_ROWS
 
 from t3d_trl.data.prompts import CODE_PROMPT, MATH_PROMPT
 from t3d_trl.evaluation.benchmarks import (
@@ -274,6 +274,8 @@ def run_quick(script: Path, *flags: str) -> tuple[dict, str]:
     return json.loads(done.stdout.strip().splitlines()[-1]), done.stdout
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda script: script.stem)
 def test_benchmark_script_runs_quick_and_ends_with_one_json_line(script):
     result, _ = run_quick(script)
@@ -281,6 +283,8 @@ def test_benchmark_script_runs_quick_and_ends_with_one_json_line(script):
     TARGETS.get(script.stem, lambda result: None)(result)
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_generation_benchmark_accuracy_only_reports_the_caches_cost_for_a_given_teacher_seed():
     result, printed = run_quick(
         REPO / "benchmarks" / "bench_generation.py", "--accuracy-only", "--teacher-seed", "1"

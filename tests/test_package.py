@@ -18,6 +18,7 @@ def _run(code: str) -> str:
     ).stdout
 
 
+@pytest.mark.subprocess
 def test_import_and_command_help_load_no_heavy_library():
     code = (
         "import sys, t3d_trl\n"
@@ -54,6 +55,8 @@ def test_every_public_name_resolves_to_its_module_object(name):
     assert value.__name__ == name and value.__module__.startswith("t3d_trl.")
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_public_names_resolve_in_a_fresh_process_whatever_is_imported_first():
     # Importing a leaf package first once broke on a models <-> generation import cycle (now: no upward import).
     for first in ("t3d_trl.generation", "t3d_trl.demo"):
