@@ -38,3 +38,15 @@ def test_evaluation_md_documents_the_command_for_the_example_tasks():
         r"t3d-trl lm-eval --model t3d \\\n.*?--include_path tests/data/lm_eval[^\n]*", text, re.S
     )
     assert command and "t3d_demo_sort2" in command.group(0)
+
+
+def test_help_lists_every_decoding_field_as_a_model_argument(capsys):
+    from t3d_trl.cli.decoding import decoding_fields
+    from t3d_trl.cli.main import main
+
+    assert main(["lm-eval", "--help"]) == 0
+    out = capsys.readouterr().out
+    listed = out[out.index("model arguments of --model t3d") :]
+    for f in decoding_fields():
+        if f.name != "eos_token_id":
+            assert f.name in listed, f.name

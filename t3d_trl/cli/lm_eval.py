@@ -54,6 +54,18 @@ def data_files_relative_to_yaml():
         _factory.load_yaml = original
 
 
+def t3d_model_arguments_help() -> str:
+    """The ``--model_args`` of the ``t3d`` model that set decoding, from ``DiffusionGenerationConfig`` itself."""
+    from .decoding import decoding_fields
+
+    names = [f.name for f in decoding_fields() if f.name != "eos_token_id"]  # model_args take no lists
+    return (
+        "\nmodel arguments of --model t3d (--model_args pretrained=PATH,key=value,...): pretrained, tokenizer, peft, "
+        "dtype, device, batch_size, seed, mc_num, mc_batch_size, and every decoding setting (unset: the model's "
+        f"saved one): {', '.join(names)}. See docs/cli.md#decoding-options."
+    )
+
+
 def main(argv: list[str]) -> int:
     try:
         from lm_eval.__main__ import cli_evaluate
@@ -76,6 +88,8 @@ def main(argv: list[str]) -> int:
         with data_files_relative_to_yaml():
             cli_evaluate()
     except SystemExit as exit_:  # --help and argument errors
+        if any(a in ("-h", "--help") for a in argv):
+            print(t3d_model_arguments_help())
         return exit_.code if isinstance(exit_.code, int) else 0 if exit_.code is None else 1
     finally:
         sys.argv = saved
