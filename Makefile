@@ -30,6 +30,7 @@ demo: install
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports  # the layers contract of pyproject.toml: no upward import
 
 test: lint
 	$(BIN)/python -m pytest -q tests

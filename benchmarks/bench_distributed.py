@@ -6,7 +6,7 @@ model (``docs/recipes.md#several-cpu-processes``). So the FSDP2 runs here wrap t
 with ``torch.distributed.fsdp.fully_shard`` directly (each decoder layer, then the model; the DDO reference
 model too), on two gloo processes: ``T3DTrainer``'s data loader, collator, ``training_step`` (the T3D loss and
 its global normalisation), optimizer, scheduler, reference refresh (``sync_reference`` through the trainer's
-callback) and reference checkpoint (``_save_reference``/``_load_reference``).
+callback) and reference checkpoint (``reference.save``/``reference.load``).
 
 Four ways, the same data (the packaged ``sort2`` teacher's trajectories), the same global batch, seed and
 settings (``loss_type: t3d``, ``ref_sync_steps: 3`` so a refresh falls inside the run), each for 4 optimizer steps:
@@ -180,7 +180,7 @@ def _train_sharded(trainer: Any, start: int, stop: int, checkpoint: Path | None 
         dist.all_reduce(loss)
         losses.append(loss.item() / dist.get_world_size())
         if trainer.state.global_step % args.ref_sync_steps == 0:
-            sync_ok = _full_equal(*trainer._reference_pairs())
+            sync_ok = _full_equal(*trainer.reference.pairs())
         if checkpoint is not None and trainer.state.global_step == SAVE_AT:
             full = StateDictOptions(full_state_dict=True, cpu_offload=True)
             state = get_model_state_dict(model, options=full)  # gathered on the main process only
@@ -191,7 +191,7 @@ def _train_sharded(trainer: Any, start: int, stop: int, checkpoint: Path | None 
                     {"optimizer": optimizer, "scheduler": trainer.lr_scheduler.state_dict()},
                     checkpoint / "trainer.pt",
                 )
-            trainer._save_reference(str(checkpoint))  # every process: the reference's shards are gathered
+            trainer.reference.save(str(checkpoint))  # every process: the reference's shards are gathered
             dist.barrier()
     return {"losses": losses, "ref_sync_ok": sync_ok}
 
@@ -205,7 +205,7 @@ def _resume_sharded(trainer: Any, checkpoint: Path) -> dict[str, Any]:
     options = StateDictOptions(full_state_dict=True)
     set_optimizer_state_dict(trainer.model, trainer.optimizer, saved["optimizer"], options=options)
     trainer.lr_scheduler.load_state_dict(saved["scheduler"])
-    trainer._load_reference(str(checkpoint))
+    trainer.reference.load(str(checkpoint))
     return _train_sharded(trainer, SAVE_AT, STEPS)
 
 

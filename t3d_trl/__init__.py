@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0.dev0"
+from .version import __version__
 
 # public name -> module that defines it
 _EXPORTS: dict[str, str] = {

@@ -13,6 +13,7 @@ from t3d_trl.cli.eval import EvalConfig
 from t3d_trl.cli.main import main
 from t3d_trl.data.prompts import format_user_message
 from t3d_trl.evaluation.runner import generate_completions, load_model
+from t3d_trl.generation.configuration import DiffusionGenerationConfig
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -205,6 +206,31 @@ def test_eval_checks_everything_before_the_first_generation(
     assert calls == [] and not (tmp_path / "eval").exists()
 
 
+def test_eval_checks_every_model_against_the_decoding_settings_first(
+    saved_models, benchmark_files, tmp_path, capsys, monkeypatch
+):
+    # A block-causal (SDAR-like) model second with cache: dual fails before the first model's runs, naming it.
+    calls = count_runs(monkeypatch)
+    recipe = tmp_path / "eval.yaml"
+    values = {
+        "models": [f"first={saved_models['llada-like']}", f"second={saved_models['sdar-like']}"],
+        "benchmarks": ["gsm8k"],
+        "data_files": [f"gsm8k={benchmark_files['gsm8k']}"],
+        "max_new_tokens": 4,
+        "cache": "dual",
+        "output_dir": str(tmp_path / "eval"),
+    }
+    recipe.write_text(yaml.safe_dump(values))
+    assert main(["eval", "--config", str(recipe)]) == 2
+    err = capsys.readouterr().err
+    assert f"t3d-trl eval: model 'second' ({saved_models['sdar-like']}): cache_implementation='dual'" in err
+    assert "block-causal models decode with their exact block cache" in err
+    assert calls == [] and not (tmp_path / "eval").exists()
+    values["models"] = values["models"][:1]  # the bidirectional model alone runs with it
+    recipe.write_text(yaml.safe_dump(values))
+    assert main(["eval", "--config", str(recipe)]) == 0 and calls == ["GSM8K"]
+
+
 def test_eval_rerun_skips_finished_runs_and_never_shrinks_results(
     saved_models, benchmark_files, tmp_path, capsys, monkeypatch, caplog
 ):
@@ -321,9 +347,11 @@ def test_generate_and_eval_take_the_cache_setting(saved_models, capsys):
     message = format_user_message("plain", {"problem": "What is 2+2?"})
     expected = generate_completions(model, tokenizer, [message], config, progress=False)
     assert capsys.readouterr().out == expected.completions[0] + "\n"
-    with pytest.raises(SystemExit):
-        main([*argv, "--cache", "full"])
+    assert main([*argv, "--cache", "full"]) == 2
     assert "invalid choice: 'full'" in capsys.readouterr().err
+    # The new spelling decodes the same, and use_cache=false turns the approximate cache off.
+    assert main([*argv, "--cache_implementation", "dual"]) == 0
+    assert capsys.readouterr().out == expected.completions[0] + "\n"
     # A block-causal model has its exact cache: the approximate one is refused with the reason.
     causal = ["generate", "--model", saved_models["sdar-like"], "--prompt", "hi", "--cache", "prefix"]
     assert main([*causal, "--max_new_tokens", "8"]) == 2
@@ -332,3 +360,4 @@ def test_generate_and_eval_take_the_cache_setting(saved_models, capsys):
         "cache": "dual",
         "schedule": "dream",
     }
+    assert DiffusionGenerationConfig().update(cache="dual").cache_implementation == "dual"

@@ -411,11 +411,13 @@ def test_approximate_cache_is_refused_where_it_does_not_apply(tokenizer):
     input_ids, attention_mask = _batch(tokenizer)
     with pytest.raises(ValueError, match="cache must be one of \\('none', 'prefix', 'dual'\\), got 'full'"):
         DiffusionGenerationConfig(cache="full")
+    with pytest.raises(ValueError, match="cache_implementation must be one of \\('prefix', 'dual'\\)"):
+        DiffusionGenerationConfig(cache_implementation="none")
     causal = build_block_causal_model(tokenizer)
     with pytest.raises(ValueError, match="block-causal models decode with their exact block cache"):
         causal.diffusion_generate(input_ids, attention_mask, max_new_tokens=8, cache="dual")
     encoder = build_modernbert_model(tokenizer)
-    with pytest.raises(ValueError, match="cache='prefix' needs a decoder .* encoder MLM"):
+    with pytest.raises(ValueError, match="cache_implementation='prefix' needs a decoder .* encoder MLM"):
         encoder.diffusion_generate(input_ids, attention_mask, max_new_tokens=8, cache="prefix")
 
 

@@ -212,6 +212,11 @@ def test_grid_settings():
         "block8-threshold0.9",
     ]
     assert settings[1].overrides() == {"block_length": 4, "tokens_per_step": 1, "threshold": 0.9}
+    # steps is a static budget of its own: the setting's overrides leave tokens_per_step to clear.
+    (by_steps,) = grid_settings([4], steps=[8])
+    assert by_steps.label == "block4-steps8"
+    config = DiffusionGenerationConfig(tokens_per_step=2).update(**by_steps.overrides())
+    assert (config.steps, config.tokens_per_step) == (8, None)
     assert DecodingSetting(4, 2).overrides()["threshold"] is None
     with pytest.raises(ValueError, match="grid is empty"):
         grid_settings([4], [8])

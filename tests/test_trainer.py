@@ -25,7 +25,7 @@ from t3d_trl import AutoModelForDiffusionLM, DiffusionGenerationConfig
 from t3d_trl.data.schema import TrajectoryMetadata
 from t3d_trl.models.forward import unwrap_model
 from t3d_trl.trainer import T3DConfig, T3DTrainer
-from t3d_trl.trainer.t3d_trainer import REFERENCE_FILE
+from t3d_trl.trainer.reference import REFERENCE_FILE
 
 PROMPTS = ["hello", "what is 2+2", "abc", "the cat sat"]
 BUILDERS = {"bidirectional": build_bidirectional_model, "block_causal": build_block_causal_model}
@@ -149,6 +149,41 @@ def test_student_states_take_one_student_step_and_teacher_labels(tokenizer, traj
     assert torch.equal(out["targets"][~moved], batch["targets"][~moved])  # blocks that did not move
 
 
+@pytest.mark.parametrize("kind", ["bidirectional", "block_causal"])
+def test_student_states_are_made_in_training_step_and_counted_before(
+    tokenizer, trajectories, tmp_path, kind, monkeypatch
+):
+    # The loss's normaliser for the accumulated step is counted before any state is made; it must count exactly
+    # the positions left after the student states commit theirs.
+    args = config(
+        tmp_path,
+        loss_type="td",
+        student_state_ratio=0.5,
+        random_token_prob=0.0,
+        tokens_per_step=2,
+        per_device_train_batch_size=2,
+    )
+    trainer = T3DTrainer(
+        BUILDERS[kind](tokenizer, seed=1), args, train_dataset=trajectories[kind], processing_class=tokenizer
+    )
+    loader = iter(trainer.get_train_dataloader())
+    micro_batches = [next(loader) for _ in range(2)]
+    counts = trainer._get_num_items_in_batch(micro_batches, torch.device("cpu"))
+    untouched = sum(b["loss_mask"].sum() for b in micro_batches)
+    seen = []
+
+    def record(self, model, inputs, **kwargs):  # the inputs the loss sees; a zero loss with a graph
+        seen.append(inputs)
+        return next(model.parameters()).sum() * 0.0
+
+    monkeypatch.setattr(T3DTrainer, "compute_loss", record)
+    trainer.model.train()
+    for batch in micro_batches:
+        trainer.training_step(trainer.model, batch, counts)
+    assert counts[0] == sum(inputs["loss_mask"].sum() for inputs in seen) < untouched
+    assert all(not torch.equal(a["loss_mask"], b["loss_mask"]) for a, b in zip(seen, micro_batches))
+
+
 def test_gradient_accumulation_normalises_over_the_whole_step(tokenizer, trajectories, tmp_path):
     full = train(
         tokenizer, trajectories["bidirectional"], config(tmp_path / "a", loss_type="t3d", max_steps=1)
@@ -244,7 +279,7 @@ def test_resume_restores_the_reference_model(tokenizer, trajectories, tmp_path):
     checkpoint = tmp_path / "straight" / "out" / "checkpoint-4"
     assert (checkpoint / REFERENCE_FILE).exists()
     resumed = run(tmp_path / "resumed", resume=str(checkpoint))
-    assert resumed._ref_synced_at == 3  # the sync phase: synced at step 3, next at 6
+    assert resumed.reference.synced_at == 3  # the sync phase: synced at step 3, next at 6
     # Step 5 runs against the reference synced at step 3, exactly as in the uninterrupted run.
     assert logged(resumed)[-1] == pytest.approx(logged(straight)[-1], rel=1e-5)
     for a, b in zip(resumed.ref_model.parameters(), straight.ref_model.parameters()):
@@ -469,7 +504,7 @@ def test_zero3_reference_refresh_gathers_both_models_and_copies_on_rank_0(
             p.add_(1.0)  # the student moved away from the reference
     fake = _fake_deepspeed(rank)
     monkeypatch.setitem(sys.modules, "deepspeed", fake)
-    monkeypatch.setattr(T3DTrainer, "_zero3", property(lambda self: True))
+    monkeypatch.setattr(T3DTrainer, "is_zero3", property(lambda self: True))
     trainer.sync_reference()
     student, reference = list(trainer.model.parameters()), list(trainer.ref_model.parameters())
     assert len(fake.gathered) == 1
@@ -494,7 +529,7 @@ def test_zero3_reference_refresh_gathers_both_models_and_copies_on_rank_0(
     # The sharded reference is not written into ZeRO-3 checkpoints; a resume re-syncs it (with a warning).
     folder = tmp_path / "checkpoint"
     folder.mkdir()
-    trainer._save_reference(str(folder))
+    trainer.reference.save(str(folder))
     assert not (folder / REFERENCE_FILE).exists() and "not saved" in caplog.text
 
 

@@ -212,7 +212,7 @@ def test_approximate_cache_collection_says_so(tmp_path, tokenizer, bidirectional
         dataset = collect(bidirectional_model, tokenizer, tmp_path / "dual", generation_config=config)
     metadata = TrajectoryMetadata.from_dataset(dataset)
     assert metadata.cache == "dual" and metadata.approximate and metadata.schedule == "llada"
-    assert "cache='dual' is approximate" in caplog.text
+    assert "cache_implementation='dual' is approximate" in caplog.text
     exact = collect(
         bidirectional_model, tokenizer, tmp_path / "exact", generation_config=config.update(cache="none")
     )
@@ -342,18 +342,18 @@ def test_filters(tmp_path, tokenizer, bidirectional_model, monkeypatch):
     )
     assert only_finished["id"] == finished  # filters apply when merging: a rerun re-filters the same shards
 
-    import t3d_trl.evaluation.math_checker as math_checker
-
     seen = []
-    monkeypatch.setattr(
-        math_checker, "check_math", lambda completion, gold: seen.append(gold) or gold in ("1", "4")
-    )
+    with pytest.raises(ValueError, match="gold_column needs answer_checker"):
+        collect(
+            bidirectional_model, tokenizer, tmp_path / "gold", generation_config=config, gold_column="answer"
+        )
     kept = collect(
         bidirectional_model,
         tokenizer,
         tmp_path / "gold",
         generation_config=config,
         gold_column="answer",
+        answer_checker=lambda completion, gold: seen.append(gold) or gold in ("1", "4"),
         keep_columns=["level"],
     )
     assert kept["id"] == [r["id"] for r in full if r["answer"] in ("1", "4")] and len(kept) > 0

@@ -12,16 +12,14 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import datasets
-import torch
-
-from ..data.hub import push_trajectories_to_hub
-from ..data.trajectories import _process_group, collect_trajectories, collection_summary
-from ..generation.configuration import DiffusionGenerationConfig
+from ..generation.configuration import OUTPUT_FIELDS, DiffusionGenerationConfig
 from ..utils import DATA_FILE_BUILDERS, load_data_file
 from .parsing import parse_recipe
+
+if TYPE_CHECKING:  # datasets and torch load when a collection runs, not for --help
+    import datasets
 
 
 @dataclass
@@ -55,10 +53,9 @@ class CollectConfig(DiffusionGenerationConfig):
     """
 
     # Always set by the collection itself: no option, no recipe key.
-    cli_hidden = ("return_dict_in_generate", "output_history")
+    cli_hidden = OUTPUT_FIELDS
 
-    # The parser takes one type per flag: a single EOS id here (the model's config can list several).
-    eos_token_id: int | None = None
+    eos_token_id: list[int] | None = None  # the parser takes one type per flag: one or several ids
     model_name_or_path: str | None = field(default=None, metadata={"help": "teacher model (Hub id or path)"})
     model_revision: str | None = None
     tokenizer_name_or_path: str | None = None
@@ -94,7 +91,7 @@ class CollectConfig(DiffusionGenerationConfig):
             raise ValueError(f"collect needs {', '.join(missing)} (in the recipe or as flags)")
         if self.push_to_hub and not self.hub_model_id:
             raise ValueError("push_to_hub=True needs hub_model_id")
-        if self.dtype != "auto" and not isinstance(getattr(torch, self.dtype, None), torch.dtype):
+        if self.dtype != "auto" and not _is_torch_dtype(self.dtype):
             raise ValueError(
                 f"dtype must be 'auto' or a torch dtype name such as 'bfloat16', got {self.dtype!r}"
             )
@@ -106,8 +103,16 @@ class CollectConfig(DiffusionGenerationConfig):
         )
 
 
+def _is_torch_dtype(name: str) -> bool:
+    import torch
+
+    return isinstance(getattr(torch, name, None), torch.dtype)
+
+
 def load_source_dataset(name: str, config: str | None = None, split: str = "train") -> datasets.Dataset:
     """A Hub dataset (``datasets.load_dataset``), a local data file, or a local folder."""
+    import datasets
+
     path = Path(name)
     if path.is_file() or path.suffix.lower() in DATA_FILE_BUILDERS:  # a missing data file is no Hub repo
         return load_data_file(path, split)
@@ -116,8 +121,19 @@ def load_source_dataset(name: str, config: str | None = None, split: str = "trai
     return datasets.load_dataset(name, config, split=split)
 
 
+def _math_checker() -> Any:
+    from ..evaluation.math_checker import check_math  # imported when needed: math-verify is slow to import
+
+    return check_math
+
+
 def run(config: CollectConfig) -> datasets.Dataset:
     """Collect (and optionally push) the trajectories a :class:`CollectConfig` describes; prints the summary line."""
+    import torch
+
+    from ..data.hub import push_trajectories_to_hub
+    from ..data.trajectories import _process_group, collect_trajectories, collection_summary
+
     source = load_source_dataset(config.dataset_name, config.dataset_config, config.dataset_split)
     if config.limit is not None:
         source = source.select(range(min(config.limit, len(source))))
@@ -140,6 +156,7 @@ def run(config: CollectConfig) -> datasets.Dataset:
         max_prompt_length=config.max_prompt_length,
         filter_unfinished=config.filter_unfinished,
         gold_column=config.gold_column,
+        answer_checker=_math_checker() if config.gold_column else None,
         seed=config.seed,
         teacher_revision=config.model_revision,
         model_kwargs=model_kwargs,

@@ -16,9 +16,10 @@ import importlib.util
 import logging
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, make_dataclass
 from pathlib import Path
 
+from .decoding import optional_decoding_fields
 from .parsing import parse_recipe
 
 _DESCRIPTION = (
@@ -28,9 +29,21 @@ _DESCRIPTION = (
 )
 
 
+#: Decoding fields that are axes of the grid: each takes a list (``--block_lengths 4 8``, ``--tokens_per_step 1 2``,
+#: ``--thresholds 0.9``, ``--steps 64``); ``--block_length`` and ``--threshold`` are accepted as their aliases.
+GRID_FIELDS = ("block_length", "tokens_per_step", "threshold", "steps")
+
+# Every other decoding field of DiffusionGenerationConfig, optional: unset keeps each model's saved setting.
+EvalDecodingConfig = make_dataclass("EvalDecodingConfig", optional_decoding_fields(skip=GRID_FIELDS))
+
+
 @dataclass
-class EvalConfig:
-    """Settings of ``t3d-trl eval`` (every field is a recipe key and a ``--flag``)."""
+class EvalConfig(EvalDecodingConfig):
+    """Settings of ``t3d-trl eval`` (every field is a recipe key and a ``--flag``).
+
+    The decoding fields of :class:`~t3d_trl.DiffusionGenerationConfig` are options under their own names
+    (unset: each model's saved setting); the budgets are the grid's axes.
+    """
 
     models: list[str] = field(
         default_factory=list,
@@ -55,31 +68,24 @@ class EvalConfig:
             "help": "BENCHMARK=FILE: read a benchmark from a local json/jsonl/parquet file (offline use)"
         },
     )
-    block_lengths: list[int] = field(default_factory=lambda: [4], metadata={"help": "decoding block lengths"})
+    block_lengths: list[int] = field(
+        default_factory=lambda: [4],
+        metadata={"help": "grid axis: decoding block lengths", "aliases": ["--block_length"]},
+    )
     tokens_per_step: list[int] = field(
-        default_factory=lambda: [1], metadata={"help": "static budgets: tokens committed per step (TokPS)"}
+        default_factory=list,
+        metadata={"help": "grid axis, static budgets: tokens committed per step (TokPS); default 1"},
+    )
+    steps: list[int] = field(
+        default_factory=list,
+        metadata={"help": "grid axis, static budgets: total denoising steps (instead of tokens_per_step)"},
     )
     thresholds: list[float] = field(
-        default_factory=list, metadata={"help": "dynamic budgets: confidence thresholds (e.g. 0.9)"}
-    )
-    max_new_tokens: int | None = field(
-        default=None, metadata={"help": "generation length (unset: the model's saved setting)"}
-    )
-    temperature: float | None = field(
-        default=None, metadata={"help": "sampling temperature (unset: the model's saved setting)"}
-    )
-    remasking: str | None = field(
-        default=None, metadata={"help": "remasking rule (unset: the model's saved setting)"}
-    )
-    schedule: str | None = field(
-        default=None,
+        default_factory=list,
         metadata={
-            "help": "llada, sdar or dream: how a block's masks split over steps (unset: saved setting)"
+            "help": "grid axis, dynamic budgets: confidence thresholds (e.g. 0.9)",
+            "aliases": ["--threshold"],
         },
-    )
-    cache: str | None = field(
-        default=None,
-        metadata={"help": "none, prefix or dual: Fast-dLLM approximate cache of bidirectional models"},
     )
     limit: int | None = field(
         default=None, metadata={"help": "evaluate the first N problems of each benchmark"}
@@ -101,6 +107,8 @@ class EvalConfig:
     )
 
     def __post_init__(self) -> None:
+        if not (self.tokens_per_step or self.steps or self.thresholds):
+            self.tokens_per_step = [1]  # the default static budget: one token per step
         if not self.models:
             raise ValueError("give at least one model: --models NAME=PATH ... (or `models:` in the recipe)")
 
@@ -112,13 +120,8 @@ class EvalConfig:
         return _pairs(self.data_files, "data_files")
 
     def generation_kwargs(self) -> dict[str, object]:
-        values = {
-            "max_new_tokens": self.max_new_tokens,
-            "temperature": self.temperature,
-            "remasking": self.remasking,
-            "schedule": self.schedule,
-            "cache": self.cache,
-        }
+        """The decoding fields set (not ``None``), applied over each model's saved settings."""
+        values = {f.name: getattr(self, f.name) for f in fields(EvalDecodingConfig)}
         return {key: value for key, value in values.items() if value is not None}
 
 
@@ -171,6 +174,7 @@ def main(argv: list[str]) -> int:
         block_lengths=config.block_lengths,
         tokens_per_step=config.tokens_per_step,
         thresholds=config.thresholds,
+        steps=config.steps,
         generation_kwargs=config.generation_kwargs(),
         data_files=config.data_file_paths(),
         limit=config.limit,

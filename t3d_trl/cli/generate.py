@@ -14,25 +14,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from transformers.hf_argparser import string_to_bool
-
-from ..generation.configuration import CACHES, DYNAMIC_RULES, REMASKING, SCHEDULES
-
-# Decoding flags: DiffusionGenerationConfig field -> (type, help).
-_DECODING = {
-    "max_new_tokens": (int, "tokens to generate (a multiple of the block length)"),
-    "block_length": (int, "tokens per decoding block"),
-    "tokens_per_step": (int, "static decoding: tokens committed per step (TokPS)"),
-    "steps": (int, "static decoding: total denoising steps (instead of --tokens_per_step)"),
-    "threshold": (float, "dynamic decoding: commit every token whose confidence reaches it"),
-    "temperature": (float, "0 for greedy"),
-    "top_k": (int, "sample among the k most likely tokens"),
-    "top_p": (float, "nucleus sampling"),
-}
+from .decoding import add_decoding_arguments, decoding_overrides, str_to_bool
+from .parsing import ArgumentParser
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="t3d-trl generate", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--model", required=True, help="checkpoint folder or Hub repo id")
@@ -42,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--use_chat_template",
-        type=string_to_bool,
+        type=str_to_bool,
         nargs="?",
         const=True,
         default=True,
@@ -66,37 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
         "step's new tokens highlighted), then NFE, tokens per step and time",
     )
     decoding = parser.add_argument_group("decoding (left out: the settings saved with the model)")
-    for name, (kind, help_text) in _DECODING.items():
-        decoding.add_argument(f"--{name}", type=kind, default=argparse.SUPPRESS, help=help_text)
-    decoding.add_argument(
-        "--remasking", choices=REMASKING, default=argparse.SUPPRESS, help="which tokens to commit first"
-    )
-    decoding.add_argument(
-        "--dynamic_rule", choices=DYNAMIC_RULES, default=argparse.SUPPRESS, help="how --threshold decodes"
-    )
-    decoding.add_argument(
-        "--schedule",
-        choices=SCHEDULES,
-        default=argparse.SUPPRESS,
-        help="how a block's masks split over steps",
-    )
-    decoding.add_argument(
-        "--cache",
-        choices=CACHES,
-        default=argparse.SUPPRESS,
-        help="bidirectional models: Fast-dLLM approximate key/value cache",
-    )
+    add_decoding_arguments(decoding)
     return parser
 
 
 def main(argv: list[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    overrides = {
-        name: getattr(args, name)
-        for name in [*_DECODING, "remasking", "dynamic_rule", "schedule", "cache"]
-        if hasattr(args, name)
-    }
+    overrides = decoding_overrides(args)
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
 
     import torch

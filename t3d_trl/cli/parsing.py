@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import inspect
 import re
 from collections.abc import Sequence
@@ -17,6 +18,47 @@ CONFIG_HELP = "a YAML recipe: its keys are this command's options; flags given t
 
 class RecipeError(ValueError):
     """A recipe or its flags are wrong: the dispatcher prints ``t3d-trl <command>: <message>`` and exits with 2."""
+
+
+def did_you_mean(name: str, candidates: Sequence[str]) -> str:
+    """``"; did you mean X?"`` for the closest of ``candidates`` (difflib), or ``""``."""
+    match = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
+    return f"; did you mean {match[0]}?" if match else ""
+
+
+def _long_flags(parser: argparse.ArgumentParser) -> list[str]:
+    return [o for action in parser._actions for o in action.option_strings if o.startswith("--")]
+
+
+def unknown_flags_message(parser: argparse.ArgumentParser, extras: Sequence[str]) -> str:
+    """One line naming the first unknown flag (or stray value) and the closest flag the parser knows."""
+    flags = [e.partition("=")[0] for e in extras if e.startswith("-")]
+    if not flags:
+        return f"unexpected value(s) {' '.join(extras)} (each option needs its --flag)"
+    return f"unknown flag {flags[0]}{did_you_mean(flags[0], _long_flags(parser))}"
+
+
+def raise_recipe_error(message: str) -> None:
+    """``ArgumentParser.error``: one line through the dispatcher (exit status 2), not argparse's usage + exit."""
+    raise RecipeError(message)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """``argparse`` as every command uses it: no abbreviated flags (``--max_step`` is not ``--max_steps``), and
+    errors that name the closest valid flag, raised as :class:`RecipeError` (one line, exit status 2)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise_recipe_error(message)
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> argparse.Namespace:  # type: ignore[override]
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:
+            raise RecipeError(unknown_flags_message(self, extras))
+        return namespace
 
 
 def snake_case_flags(argv: Sequence[str]) -> list[str]:
@@ -63,7 +105,9 @@ def build_recipe_parser(
     """
     from trl import TrlParser  # here, so that the dispatcher importing RecipeError stays light
 
-    parser = TrlParser(list(dataclass_types), prog=prog, description=description)
+    parser = TrlParser(list(dataclass_types), prog=prog, description=description, allow_abbrev=False)
+    parser.error = raise_recipe_error
+    parser.set_defaults_with_config = lambda **config: _set_recipe_defaults(parser, config)
     # TrlParser reads --config itself; declared here only so that --help lists it.
     parser.add_argument("--config", metavar="RECIPE.yaml", default=argparse.SUPPRESS, help=CONFIG_HELP)
     helps: dict[str, str] = {}
@@ -82,6 +126,22 @@ def build_recipe_parser(
     return parser
 
 
+def _set_recipe_defaults(parser: argparse.ArgumentParser, config: dict[str, Any]) -> list[str]:
+    """TrlParser's ``set_defaults_with_config``, reading a key as its flag would be read (aliases, kebab-case).
+
+    Returns the unknown keys as ``["--key", "value", ...]``, as TrlParser does.
+    """
+    remaining = []
+    for key, value in config.items():
+        flag = "--" + str(key).replace("-", "_")
+        action = next((a for a in parser._actions if flag in a.option_strings or a.dest == key), None)
+        if action is None:
+            remaining += [f"--{key}", str(value)]
+            continue
+        action.default, action.required = value, False
+    return remaining
+
+
 def parse_recipe(
     dataclass_types: Sequence[type], argv: Sequence[str], prog: str, description: str
 ) -> tuple[Any, ...]:
@@ -98,13 +158,21 @@ def parse_recipe(
     if argv and argv[-1] == "--config":
         raise RecipeError("--config needs a recipe file: --config RECIPE.yaml")
     try:
-        parsed = parser.parse_args_and_config(args=argv)
+        *parsed, unknown_keys, extras = parser.parse_args_and_config(
+            args=argv, return_remaining_strings=True, separate_remaining_strings=True
+        )
     except yaml.YAMLError as err:  # its message names the file, line and column
         raise RecipeError(f"the recipe is not valid YAML: {err}") from err
     except (ValueError, OSError) as err:
         raise RecipeError(str(err)) from err
+    if unknown_keys:
+        key = unknown_keys[0][2:]
+        keys = [a.dest for a in parser._actions if a.option_strings and a.help != argparse.SUPPRESS]
+        raise RecipeError(f"unknown key {key!r} in the recipe{did_you_mean(key, keys)}")
+    if extras:
+        raise RecipeError(unknown_flags_message(parser, extras))
     for config in parsed:
         for name in getattr(type(config), "cli_hidden", ()):
             if getattr(config, name) != next(f.default for f in fields(config) if f.name == name):
                 raise RecipeError(f"{name} is no setting of {prog}: it is always set by the command itself")
-    return parsed
+    return tuple(parsed)

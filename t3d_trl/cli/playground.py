@@ -16,9 +16,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .parsing import ArgumentParser
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="t3d-trl playground", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(

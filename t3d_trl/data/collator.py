@@ -40,9 +40,9 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from ..diffusion.config import DiffusionConfig
+from ..diffusion.masks import additive_mask, padding_attention_mask, position_ids_from_valid
 from ..generation.remasking import transfer_schedule
-from ..models.diffusion_config import DiffusionConfig
-from ..models.masks import additive_mask, padding_attention_mask, position_ids_from_valid
 
 STATE_KINDS = ("trajectory", "random", "semi_ar")
 STATE_SAMPLING = ("uniform", "reference")

@@ -31,7 +31,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,10 +42,11 @@ import pyarrow.parquet as pq
 import torch
 from tqdm.auto import tqdm
 
+from ..diffusion.config import require_diffusion_config
 from ..generation.configuration import DiffusionGenerationConfig
 from ..generation.sampler import eos_token_ids, left_pad
-from ..models.diffusion_config import require_diffusion_config
 from ..utils import MissingKeyError, check_process_count
+from ..version import __version__
 from .prompts import encode_prompts, format_user_message
 from .schema import TRAJECTORY_COLUMNS, TrajectoryMetadata, row_problem
 
@@ -401,8 +402,6 @@ def _teacher_settings(
     teacher_revision: str | None,
 ) -> tuple[DiffusionGenerationConfig, TrajectoryMetadata]:
     """The decoding settings with every default the sampler would look up made explicit, and the metadata."""
-    from .. import __version__
-
     diffusion = require_diffusion_config(model)
     block_length, steps_per_block = config.resolve(
         diffusion.block_size if diffusion.is_block_causal else None
@@ -424,9 +423,9 @@ def _teacher_settings(
     config = config.update(
         block_length=block_length, eos_token_id=eos_ids, return_dict_in_generate=True, output_history=False
     )
-    if config.cache != "none":
+    if config.approximate_cache is not None:
         logger.warning(
-            f"cache={config.cache!r} is approximate: later steps of a block see keys/values computed at its first "
+            f"cache_implementation={config.approximate_cache!r} is approximate: later steps of a block see keys/values computed at its first "
             "step, so the trajectories are not the teacher's exact decoding (the metadata records it)"
         )
     chat = use_chat_template and bool(getattr(tokenizer, "chat_template", None))
@@ -450,7 +449,7 @@ def _teacher_settings(
         t3d_trl_version=__version__,
         threshold=config.threshold,
         schedule=config.schedule,
-        cache=config.cache,
+        cache=config.approximate_cache or "none",
     )
     return config, metadata
 
@@ -472,6 +471,7 @@ def collect_trajectories(
     max_prompt_length: int | None = None,
     filter_unfinished: bool = False,
     gold_column: str | None = None,
+    answer_checker: Callable[[str, str], bool] | None = None,
     seed: int = 0,
     teacher_revision: str | None = None,
     model_kwargs: Mapping[str, Any] | None = None,
@@ -499,8 +499,11 @@ def collect_trajectories(
         max_prompt_length: drop prompts longer than this many tokens (counted; prompts too long for the
             model's ``max_position_embeddings`` together with ``max_new_tokens`` are dropped and counted too).
         filter_unfinished: drop completions that hit ``max_new_tokens`` without EOS.
-        gold_column: keep only completions whose final answer matches this column
-            (:func:`t3d_trl.evaluation.math_checker.check_math`); the column is passed through.
+        gold_column: keep only completions that ``answer_checker`` accepts against this column; the column
+            is passed through.
+        answer_checker: ``checker(completion, gold) -> bool``, the correctness filter ``gold_column`` needs,
+            e.g. :func:`t3d_trl.evaluation.math_checker.check_math` (what ``t3d-trl collect --gold_column``
+            passes). Passed in, not imported here: ``data`` sits beneath ``evaluation``.
         seed: seeds every batch's generator together with the batch's ids.
         teacher_revision: Hub revision of the teacher (also used to load it by name).
         model_kwargs: ``from_pretrained`` keyword arguments when ``model`` is a name (``dtype``, ...).
@@ -517,6 +520,11 @@ def collect_trajectories(
     if not isinstance(dataset, datasets.Dataset):
         dataset = datasets.Dataset.from_list(list(dataset))
     if gold_column is not None:
+        if answer_checker is None:
+            raise ValueError(
+                "gold_column needs answer_checker, the function that judges a completion against it, e.g. "
+                "answer_checker=t3d_trl.evaluation.math_checker.check_math"
+            )
         if gold_column not in dataset.column_names:
             raise ValueError(
                 f"gold_column={gold_column!r} is not a column of the dataset ({dataset.column_names})"
@@ -638,6 +646,7 @@ def collect_trajectories(
             metadata,
             filter_unfinished=filter_unfinished,
             gold_column=gold_column,
+            answer_checker=answer_checker,
         )
         _save(merged, output_dir)
         summary = {"prompts": len(dataset), "rows": len(merged), "dropped": {**dropped, **filtered}}
@@ -655,8 +664,11 @@ def merge_shards(
     *,
     filter_unfinished: bool = False,
     gold_column: str | None = None,
+    answer_checker: Callable[[str, str], bool] | None = None,
 ) -> tuple[datasets.Dataset, dict[str, int]]:
     """Read every batch's (validated) shard, restore source order and apply the filters.
+
+    ``gold_column`` keeps the rows whose completion ``answer_checker(completion, gold)`` accepts.
 
     Returns the dataset and ``{rule: rows dropped}`` for the filters that dropped rows.
     """
@@ -689,12 +701,12 @@ def merge_shards(
             before - len(dataset)
         )
     if gold_column is not None:
-        from ..evaluation.math_checker import check_math  # imported lazily: math-verify is slow to import
-
+        if answer_checker is None:
+            raise ValueError("gold_column needs answer_checker")
         keep = [
             i
             for i, (completion, gold) in enumerate(zip(dataset["completion"], dataset[gold_column]))
-            if gold is not None and check_math(completion, str(gold))
+            if gold is not None and answer_checker(completion, str(gold))
         ]
         dropped[f"answer does not match gold_column={gold_column!r}"] = len(dataset) - len(keep)
         dataset = dataset.select(keep)

@@ -99,7 +99,7 @@ class QuickstartConfig:
 
 
 def _training_args(config: QuickstartConfig, output_dir: Path, **overrides: Any) -> Any:
-    from ..trainer.config import T3DConfig
+    from ..trainer.t3d_config import T3DConfig
 
     values: dict[str, Any] = dict(
         output_dir=str(output_dir),

@@ -37,8 +37,10 @@ def _unique(values: Any) -> list[Any]:
 
 
 def _group(entry: Mapping[str, Any]) -> tuple[int, float]:
-    """Table group of a run: static runs by TokPS first, then dynamic runs by threshold."""
+    """Table group of a run: static runs by TokPS first, then dynamic runs by threshold, then runs by steps."""
     setting = entry["setting"]
+    if setting.get("steps") is not None:
+        return (2, float(setting["steps"]))
     if setting.get("threshold") is not None:
         return (1, float(setting["threshold"]))
     return (0, float(setting["tokens_per_step"]))
@@ -46,7 +48,7 @@ def _group(entry: Mapping[str, Any]) -> tuple[int, float]:
 
 def _group_title(group: tuple[int, float]) -> str:
     kind, value = group
-    return f"Dynamic decoding, threshold {value:g}" if kind else f"TokPS = {value:g}"
+    return (f"TokPS = {value:g}", f"Dynamic decoding, threshold {value:g}", f"Steps = {value:g}")[kind]
 
 
 def _percent(entry: Mapping[str, Any], metric: str) -> str:
@@ -182,7 +184,9 @@ def plot_accuracy_vs_tokps(results: Results, path: str | Path) -> Path | None:
 
     Only static runs have a TokPS; returns ``None`` (and writes nothing) when there are none.
     """
-    static = [e for e in results if e["setting"].get("threshold") is None]
+    static = [
+        e for e in results if e["setting"].get("threshold") is None and e["setting"].get("steps") is None
+    ]
     if not static:
         return None
     accuracy = _averages(static, "accuracy")

@@ -41,6 +41,7 @@ from tqdm.auto import tqdm
 from ..data.prompts import encode_prompts
 from ..generation.configuration import DiffusionGenerationConfig
 from ..generation.sampler import eos_token_ids, left_pad
+from ..models.forward import accepts_4d_mask
 from .benchmarks import Benchmark, get_benchmark
 from .metrics import mean_std, pass_at_k_from_records, summarize_records
 
@@ -412,15 +413,20 @@ class DecodingSetting:
     block_length: int
     tokens_per_step: int = 1
     threshold: float | None = None
+    steps: int | None = None  # static budget as total denoising steps instead of TokPS
 
     @property
     def label(self) -> str:
+        if self.steps is not None:
+            return f"block{self.block_length}-steps{self.steps}"
         if self.threshold is not None:
             return f"block{self.block_length}-threshold{self.threshold:g}"
         return f"block{self.block_length}-tokps{self.tokens_per_step}"
 
     def overrides(self) -> dict[str, Any]:
         """``DiffusionGenerationConfig`` fields of this setting."""
+        if self.steps is not None:
+            return {"block_length": self.block_length, "steps": self.steps, "threshold": None}
         return {
             "block_length": self.block_length,
             "tokens_per_step": self.tokens_per_step,
@@ -429,15 +435,18 @@ class DecodingSetting:
 
 
 def grid_settings(
-    block_lengths: Iterable[int], tokens_per_step: Iterable[int] = (), thresholds: Iterable[float] = ()
+    block_lengths: Iterable[int],
+    tokens_per_step: Iterable[int] = (),
+    thresholds: Iterable[float] = (),
+    steps: Iterable[int] = (),
 ) -> list[DecodingSetting]:
-    """Every (block length, TokPS) pair and every (block length, threshold) pair.
+    """Every (block length, TokPS), (block length, steps) and (block length, threshold) pair.
 
     A TokPS that does not divide the block length has no static schedule; such pairs are skipped with a
     warning (the grid is a cartesian product, so mixed block lengths often produce a few).
     """
     settings = []
-    tokens_per_step, thresholds = list(tokens_per_step), list(thresholds)
+    tokens_per_step, thresholds, steps = list(tokens_per_step), list(thresholds), list(steps)
     for block in block_lengths:
         if block < 1:
             raise ValueError(f"block lengths must be positive, got {block}")
@@ -457,6 +466,10 @@ def grid_settings(
             if not 0 < threshold <= 1:
                 raise ValueError(f"thresholds must be in (0, 1], got {threshold}")
             settings.append(DecodingSetting(block, 1, float(threshold)))
+        for total in steps:
+            if total < 1:
+                raise ValueError(f"steps values must be positive, got {total}")
+            settings.append(DecodingSetting(block, 1, None, total))
     if not settings:
         raise ValueError("the grid is empty: give block lengths with tokens_per_step values or thresholds")
     return settings
@@ -535,7 +548,7 @@ def _check_run_settings(
     tokenizer: Any,
 ) -> None:
     """Everything :func:`run_grid` can check before the first generation (one error, naming the value)."""
-    from ..models.auto import adapter_base_model, check_model_source
+    from ..models.auto import adapter_base_model, check_model_source, read_model_kind
 
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be a positive number of problems, got {limit}")
@@ -563,8 +576,24 @@ def _check_run_settings(
                     check_model_source(base)
             except FileNotFoundError as err:
                 raise FileNotFoundError(f"model {name!r}: {err}") from err
-        elif not isinstance(spec, tuple) and tokenizer is None:
-            raise ValueError(f"model {name!r} was given as an object without a tokenizer: pass tokenizer=...")
+            # Settings that depend on the model (a block-causal model refuses an approximate cache), from its
+            # config alone: every model is checked before the first generation.
+            try:
+                DiffusionGenerationConfig().update(**generation_kwargs).check_model(*read_model_kind(spec))
+            except ValueError as err:
+                raise ValueError(f"model {name!r} ({spec}): {err}") from err
+        else:
+            if not isinstance(spec, tuple) and tokenizer is None:
+                raise ValueError(
+                    f"model {name!r} was given as an object without a tokenizer: pass tokenizer=..."
+                )
+            model = spec[0] if isinstance(spec, tuple) else spec
+            try:
+                config = model.diffusion_generation_config.update(**generation_kwargs)
+                if config.cache_implementation is not None:
+                    config.check_model(model.diffusion_config.is_block_causal, accepts_4d_mask(model))
+            except ValueError as err:
+                raise ValueError(f"model {name!r}: {err}") from err
 
 
 def _entry_id(entry: Mapping[str, Any]) -> tuple[str, str, str]:
@@ -611,6 +640,7 @@ def run_grid(
     block_lengths: Sequence[int] = (4,),
     tokens_per_step: Sequence[int] = (1,),
     thresholds: Sequence[float] = (),
+    steps: Sequence[int] = (),
     generation_kwargs: Mapping[str, Any] | None = None,
     tokenizer: Any = None,
     data_files: Mapping[str, str | Path] | None = None,
@@ -632,7 +662,7 @@ def run_grid(
             first one is the reference of the table's "Gain" column (put the original model first). Paths are
             loaded one at a time and released after their runs.
         benchmarks: benchmark names or :class:`~t3d_trl.evaluation.benchmarks.Benchmark` objects.
-        block_lengths, tokens_per_step, thresholds: the grid (see :func:`grid_settings`).
+        block_lengths, tokens_per_step, thresholds, steps: the grid (see :func:`grid_settings`).
         generation_kwargs: other ``DiffusionGenerationConfig`` fields for every run (``max_new_tokens``,
             ``temperature``, ``remasking``...), applied over each model's saved defaults.
         tokenizer: the tokenizer of models given as objects without one.
@@ -651,7 +681,7 @@ def run_grid(
     """
     if not models:
         raise ValueError("models must name at least one model")
-    settings = grid_settings(block_lengths, tokens_per_step, thresholds)
+    settings = grid_settings(block_lengths, tokens_per_step, thresholds, steps)
     benchmarks = [get_benchmark(b).with_code_extraction(code_extraction) for b in benchmarks]
     if not benchmarks:
         raise ValueError("benchmarks must name at least one benchmark")

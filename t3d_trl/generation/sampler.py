@@ -32,9 +32,9 @@ import torch
 from transformers import Cache, DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from ..models.diffusion_config import DiffusionConfig
-from ..models.forward import accepts_4d_mask, diffusion_forward
-from ..models.masks import (
+from ..diffusion.config import DiffusionConfig
+from ..diffusion.forward import accepts_4d_mask, diffusion_forward
+from ..diffusion.masks import (
     block_attention_mask,
     padding_attention_mask,
     position_ids_from_valid,
@@ -190,17 +190,7 @@ def diffusion_generate(
         raise ValueError(
             f"block-causal decoding needs a decoder that takes 4D masks; {type(model).__name__} does not"
         )
-    if config.cache != "none":
-        if diffusion.is_block_causal:
-            raise ValueError(
-                f"cache={config.cache!r} is the approximate cache of bidirectional models; block-causal models "
-                "decode with their exact block cache (use_cache=True, cache='none')"
-            )
-        if not accepts_4d_mask(model):
-            raise ValueError(
-                f"cache={config.cache!r} needs a decoder with a key/value cache; {type(model).__name__} is an "
-                "encoder MLM (use cache='none')"
-            )
+    config.check_model(diffusion.is_block_causal, accepts_4d_mask(model))
     lengths = valid.sum(-1)
     max_positions = getattr(model.config, "max_position_embeddings", None)
     if max_positions is not None and int(lengths.max()) + config.max_new_tokens > max_positions:
@@ -214,7 +204,7 @@ def diffusion_generate(
         pad_id = eos_ids[0] if eos_ids else (getattr(model.config, "pad_token_id", None) or 0)
 
     canvas = layout_canvas(input_ids, valid, diffusion, block_length, config.max_new_tokens, pad_id)
-    runner = BlockRunner(model, diffusion, canvas, config.use_cache, config.cache)
+    runner = BlockRunner(model, diffusion, canvas, config.use_cache, config.approximate_cache or "none")
     x = canvas.tokens
     batch, total = x.shape
     mask_id = diffusion.mask_token_id

@@ -47,7 +47,7 @@ from tqdm.auto import tqdm
 
 from ..data.collator import DataCollatorForDiffusion, diffusion_attention_mask
 from ..evaluation.runner import generate_completions, load_model
-from ..generation.configuration import DiffusionGenerationConfig
+from ..generation.configuration import OUTPUT_FIELDS, DiffusionGenerationConfig
 from ..models.diffusion_config import DiffusionConfig
 from ..models.forward import accepts_4d_mask, diffusion_forward, unwrap_model
 
@@ -55,10 +55,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["DiffusionLM"]
 
-_GENERATION_FIELDS = {f.name for f in fields(DiffusionGenerationConfig)} - {
-    "return_dict_in_generate",
-    "output_history",
-}
+_GENERATION_FIELDS = {f.name for f in fields(DiffusionGenerationConfig)} - set(OUTPUT_FIELDS)
 
 
 @register_model("t3d")

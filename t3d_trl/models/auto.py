@@ -18,15 +18,15 @@ from transformers import (
 )
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
+from ..diffusion.config import CONFIG_KEY as DIFFUSION_KEY
+from ..diffusion.config import DiffusionConfig
+from ..diffusion.forward import unwrap_model
 from ..generation.configuration import CONFIG_KEY as GENERATION_KEY
 from ..generation.configuration import DiffusionGenerationConfig
 from ..generation.mixin import DiffusionGenerationMixin
 from .convert import locate_weights
-from .diffusion_config import CONFIG_KEY as DIFFUSION_KEY
-from .diffusion_config import DiffusionConfig
 from .families import FAMILIES, ModelFamily, get_family
 from .families.base import CONFIG_FILE, GENERATION_CONFIG_FILE, read_json
-from .forward import unwrap_model
 
 # Keyword arguments of ``from_pretrained`` that also apply to loading a config or a tokenizer.
 _HUB_KWARGS = ("revision", "token", "cache_dir", "local_files_only", "trust_remote_code", "subfolder")
@@ -127,6 +127,30 @@ def adapter_base_model(name_or_path: str, **hub_kwargs: Any) -> str | None:
     if not base:
         raise ValueError(f"{name_or_path}: {ADAPTER_CONFIG_FILE} names no base_model_name_or_path")
     return base
+
+
+def read_model_kind(name_or_path: str, **hub_kwargs: Any) -> tuple[bool, bool]:
+    """``(is_block_causal, is_decoder)`` of a checkpoint, read from its config files without loading weights.
+
+    What the decoding settings that depend on the model need (:meth:`DiffusionGenerationConfig.check_model`),
+    so that a grid checks every model before its first generation. A ``peft`` adapter answers for its base
+    model (or the description saved with it).
+    """
+    base = adapter_base_model(name_or_path, **hub_kwargs)
+    if base is not None:
+        saved = read_json(name_or_path, ADAPTER_DEFAULTS_FILE, hub_kwargs, required=False) or {}
+        if saved.get(DIFFUSION_KEY):
+            attention = saved[DIFFUSION_KEY].get("attention")
+            return attention == "block_causal", read_model_kind(base)[1]
+        return read_model_kind(base)
+    raw = read_json(name_or_path, CONFIG_FILE, hub_kwargs, required=False) or {}
+    family = get_family(raw.get("model_type"))
+    if raw.get(DIFFUSION_KEY):
+        attention = raw[DIFFUSION_KEY].get("attention")
+    else:
+        attention = family.attention if family is not None else "bidirectional"
+    is_decoder = not any(arch.endswith("ForMaskedLM") for arch in raw.get("architectures") or [])
+    return attention == "block_causal", is_decoder
 
 
 def save_adapter_defaults(model: torch.nn.Module, folder: str | os.PathLike) -> None:

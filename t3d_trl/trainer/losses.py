@@ -146,6 +146,41 @@ def expected_logratio(student_logps: torch.Tensor, ref_logps: torch.Tensor) -> t
     return (ref_logps.exp() * (student_logps - ref_logps)).sum(-1)
 
 
+def ddo_logratios(
+    logp_all: torch.Tensor,
+    ref_logits: torch.Tensor,
+    real: torch.Tensor,
+    targets: torch.Tensor,
+    mask: torch.Tensor,
+    fake_estimator: Literal["argmax", "expectation"] = "argmax",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The per-sequence log-ratios ``log p_theta / p_ref`` of DDO's real and fake terms.
+
+    Args:
+        logp_all: ``[N, V]`` student log-probabilities at the ``N`` masked positions (``mask``'s true entries).
+        ref_logits: ``[N, V]`` reference logits (float) at the same positions.
+        real: ``[B, L]`` student log-probabilities of the targets, laid out on ``mask``.
+        targets: ``[N]`` the target tokens at the masked positions.
+        mask: ``[B, L]`` the masked positions.
+        fake_estimator: ``"argmax"``: the fake sample is the reference's own parallel prediction; ``"expectation"``:
+            the exact expectation over ``p_ref`` (:func:`expected_logratio`).
+    """
+    ref_logp_all = ref_logits.log_softmax(-1)
+
+    def scatter(values: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(mask.shape, device=values.device, dtype=values.dtype).masked_scatter(mask, values)
+
+    ref_real = scatter(ref_logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1))
+    if fake_estimator == "expectation":
+        fake = scatter(expected_logratio(logp_all, ref_logp_all))
+        ref_fake = torch.zeros_like(fake)
+    else:
+        fake_tokens = ref_logits.argmax(-1, keepdim=True)  # the reference's own parallel prediction
+        fake = scatter(logp_all.gather(-1, fake_tokens).squeeze(-1))
+        ref_fake = scatter(ref_logp_all.gather(-1, fake_tokens).squeeze(-1))
+    return sequence_logratio(real, ref_real, mask), sequence_logratio(fake, ref_fake, mask)
+
+
 def ddo_loss(
     real_logratio: torch.Tensor, fake_logratio: torch.Tensor, beta: float = 0.1, fake_weight: float = 0.5
 ) -> torch.Tensor:

@@ -20,8 +20,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PretrainedConfig, 
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 from transformers.utils import cached_file
 
+from ...diffusion.config import DiffusionConfig
 from ...generation.configuration import DiffusionGenerationConfig
-from ..diffusion_config import DiffusionConfig
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,231 @@
+"""Training data made ready for :class:`~t3d_trl.T3DTrainer`: checked against the student, tokenised, cut.
+
+* Trajectories must come from a teacher with the student's tokenizer (vocabulary, mask token) and attention,
+  and the training block length must be the teacher's (trajectory states exist only for the teacher's blocks).
+* Every row is checked once, column-wise in Arrow: token ids inside the vocabulary, ``decode_step`` as long as
+  the completion and 1-based. A bad row is named (index and id) rather than failing inside a batch.
+* Rows over the limits: prompts are never truncated (the row is dropped); completions are cut to
+  ``max_completion_length``. A row longer than the model's positions after the cut is dropped too (its
+  positions would have no embedding). Every dropped row is counted in one warning, under the first rule it breaks.
+* ``mdlm`` trains on real data: ``prompt``/``completion`` or ``text`` columns are tokenised (EOS appended).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import datasets
+import numpy as np
+import pyarrow.compute as pc
+
+from ..diffusion.config import DiffusionConfig
+from .schema import TrajectoryMetadata
+
+logger = logging.getLogger(__name__)
+
+#: The columns a prepared dataset keeps (the trainer's signature columns).
+TRAINING_COLUMNS = ("prompt_ids", "completion_ids", "decode_step", "row_index")
+
+
+def resolve_block_length(
+    requested: int | None,
+    metadata: TrajectoryMetadata | None,
+    diffusion: DiffusionConfig,
+    trajectory_states: bool,
+) -> int:
+    """The training block length: ``requested``, else the trajectories', else the model's, else 4.
+
+    ``trajectory_states``: the objective trains on the teacher's states, which exist for its blocks only.
+    """
+    if metadata is not None and requested not in (None, metadata.block_length) and trajectory_states:
+        raise ValueError(
+            f"block_length={requested} differs from the trajectories' block_length="
+            f"{metadata.block_length}: trajectory states exist only for the teacher's blocks"
+        )
+    if metadata is not None and metadata.attention != diffusion.attention:
+        raise ValueError(
+            f"the trajectories were decoded with {metadata.attention} attention but the student is "
+            f"{diffusion.attention}: block alignment would not match"
+        )
+    block = requested or (metadata.block_length if metadata else None) or diffusion.block_size
+    return int(block or 4)
+
+
+def check_trajectory_metadata(
+    metadata: TrajectoryMetadata | None, diffusion: DiffusionConfig, vocab_size: int
+) -> None:
+    """Refuse trajectories made with another tokenizer than the student's (vocabulary or mask token)."""
+    if metadata is None:
+        return
+    if metadata.vocab_size is not None and metadata.vocab_size != vocab_size:
+        raise ValueError(
+            f"the trajectories come from a model with a vocabulary of {metadata.vocab_size} (teacher "
+            f"{metadata.teacher!r}) but the student has {vocab_size}: they were made with another tokenizer"
+        )
+    if metadata.mask_token_id != diffusion.mask_token_id:
+        raise ValueError(
+            f"the trajectories use mask token id {metadata.mask_token_id} but the student uses "
+            f"{diffusion.mask_token_id}: they were made with another tokenizer"
+        )
+
+
+def _refuse_rows(dataset: datasets.Dataset, bad: Any, where: str, problem: str) -> None:
+    bad = np.asarray(bad.to_numpy(zero_copy_only=False), dtype=bool)
+    if bad.any():
+        index = int(np.flatnonzero(bad)[0])
+        row_id = dataset[index]["id"] if "id" in dataset.column_names else index
+        raise ValueError(f"{where} row {index} (id={row_id!r}): {problem} ({int(bad.sum())} such rows)")
+
+
+def tokenize_text(
+    dataset: datasets.Dataset, tokenizer: Any, name: str, num_proc: int | None = None
+) -> datasets.Dataset:
+    """``prompt``/``completion`` or ``text`` columns as ``prompt_ids``/``completion_ids`` (EOS appended)."""
+    columns = set(dataset.column_names)
+    if tokenizer is None:
+        raise ValueError(f"loss_type='mdlm' on text needs processing_class (a tokenizer) to tokenise {name}")
+    eos = tokenizer.eos_token_id
+    if {"prompt", "completion"} <= columns:
+
+        def tokenize(row: dict[str, Any]) -> dict[str, Any]:
+            completion = tokenizer(row["completion"], add_special_tokens=False)["input_ids"]
+            if eos is not None and (not completion or completion[-1] != eos):
+                completion = completion + [eos]
+            return {
+                "prompt_ids": tokenizer(row["prompt"], add_special_tokens=False)["input_ids"],
+                "completion_ids": completion,
+            }
+
+    elif "text" in columns:
+
+        def tokenize(row: dict[str, Any]) -> dict[str, Any]:
+            ids = tokenizer(row["text"])["input_ids"]
+            if eos is not None and (not ids or ids[-1] != eos):
+                ids = ids + [eos]
+            return {"prompt_ids": [], "completion_ids": ids}
+
+    else:
+        raise ValueError(
+            f"loss_type='mdlm' needs prompt_ids/completion_ids, prompt/completion or text columns; the {name} "
+            f"dataset has {sorted(columns)}"
+        )
+    return dataset.map(tokenize, num_proc=num_proc, desc=f"Tokenizing {name} dataset")
+
+
+def _check_rows(dataset: datasets.Dataset, table: Any, name: str, needed: list[str], vocab_size: int) -> None:
+    """Refuse rows whose ``decode_step`` does not fit the completion, and token ids outside the vocabulary."""
+    if "decode_step" in needed:
+        lengths = pc.list_value_length(table["completion_ids"])
+        bad = pc.not_equal(lengths, pc.list_value_length(table["decode_step"]))
+        _refuse_rows(dataset, bad, f"{name} dataset", "completion_ids and decode_step differ in length")
+        steps = pc.list_flatten(table["decode_step"])
+        if len(steps) and pc.min(steps).as_py() < 1:
+            raise ValueError(
+                f"{name} dataset: decode_step holds values below 1 (steps are global and 1-based)"
+            )
+    for column in ("prompt_ids", "completion_ids"):
+        ids = pc.list_flatten(table[column])
+        bad = pc.or_(pc.less(ids, 0), pc.greater_equal(ids, vocab_size))
+        if len(ids) and pc.any(bad).as_py():
+            first = pc.index(bad, True).as_py()
+            row_ends = np.cumsum(pc.list_value_length(table[column]).to_numpy(zero_copy_only=False))
+            index = int(np.searchsorted(row_ends, first, side="right"))
+            row_id = dataset[index]["id"] if "id" in dataset.column_names else index
+            raise ValueError(
+                f"{name} dataset row {index} (id={row_id!r}): {column} holds token id {ids[first].as_py()}, "
+                f"outside the model's vocabulary of {vocab_size}: the data was tokenised with another tokenizer"
+            )
+
+
+def _rows_to_drop(
+    table: Any, max_prompt_length: int | None, max_completion_length: int | None, max_positions: int | None
+) -> tuple[np.ndarray, list[str]]:
+    """(rows to drop, ``"<count> <rule>"`` for each rule that drops any), each row under the first rule it breaks."""
+    limit = max_completion_length
+    prompt_lengths = pc.list_value_length(table["prompt_ids"]).to_numpy(zero_copy_only=False)
+    completion_lengths = pc.list_value_length(table["completion_ids"]).to_numpy(zero_copy_only=False)
+    if limit is not None:
+        completion_lengths = np.minimum(completion_lengths, limit)
+    rules = {"empty completion": completion_lengths == 0}
+    if max_prompt_length is not None:
+        rules[f"prompt longer than max_prompt_length={max_prompt_length}"] = (
+            prompt_lengths > max_prompt_length
+        )
+    if max_positions is not None:
+        rules[
+            f"prompt + completion (cut to max_completion_length={limit}) longer than the model's "
+            f"max_position_embeddings={max_positions}"
+        ] = prompt_lengths + completion_lengths > max_positions
+    drop = np.zeros(len(prompt_lengths), dtype=bool)
+    counts = []
+    for rule, hit in rules.items():
+        if (hit & ~drop).any():
+            counts.append(f"{int((hit & ~drop).sum())} {rule}")
+        drop |= hit
+    return drop, counts
+
+
+def prepare_training_dataset(
+    dataset: datasets.Dataset,
+    name: str,
+    *,
+    loss_type: str,
+    trajectory_states: bool,
+    tokenizer: Any,
+    vocab_size: int,
+    max_positions: int | None,
+    max_prompt_length: int | None,
+    max_completion_length: int | None,
+    num_proc: int | None = None,
+) -> datasets.Dataset:
+    """``dataset`` checked and cut for training (columns :data:`TRAINING_COLUMNS`), kept in memory.
+
+    Args:
+        dataset: trajectories, or for ``loss_type="mdlm"`` token or text columns.
+        name: how errors and warnings call it (``"train"``, ``"eval"``).
+        loss_type: the objective (``"mdlm"`` tokenises text columns).
+        trajectory_states: the objective reads ``decode_step`` (the teacher's decoding order).
+        tokenizer: tokenises text for ``mdlm``.
+        vocab_size, max_positions: the student's vocabulary and ``max_position_embeddings``.
+        max_prompt_length, max_completion_length, num_proc: as in :class:`~t3d_trl.T3DConfig`.
+    """
+    if not isinstance(dataset, datasets.Dataset):
+        raise TypeError(f"{name} dataset must be a datasets.Dataset, got {type(dataset).__name__}")
+    columns = set(dataset.column_names)
+    if loss_type == "mdlm" and not {"prompt_ids", "completion_ids"} <= columns:
+        dataset = tokenize_text(dataset, tokenizer, name, num_proc)
+        columns = set(dataset.column_names)
+    needed = ["prompt_ids", "completion_ids"] + (["decode_step"] if trajectory_states else [])
+    missing = [c for c in needed if c not in columns]
+    if missing:
+        hint = (
+            " (the teacher's decoding order: collect trajectories with t3d_trl.collect_trajectories)"
+            if "decode_step" in missing
+            else ""
+        )
+        raise ValueError(
+            f"loss_type={loss_type!r} needs column(s) {missing}{hint}; the {name} dataset has {sorted(columns)}"
+        )
+    table = dataset.select_columns(needed).with_format("arrow")[:]
+    _check_rows(dataset, table, name, needed, vocab_size)
+    drop, counts = _rows_to_drop(table, max_prompt_length, max_completion_length, max_positions)
+    if drop.any():
+        logger.warning(
+            "%s dataset: dropped %d of %d rows (%s)", name, int(drop.sum()), len(drop), "; ".join(counts)
+        )
+        # In memory: no cache file is written into the folder the data was loaded from.
+        dataset = dataset.select(np.flatnonzero(~drop), keep_in_memory=True)
+    if len(dataset) == 0:
+        raise ValueError(f"{name} dataset has no usable rows")
+    dataset = dataset.remove_columns([c for c in dataset.column_names if c not in needed])
+    limit = max_completion_length
+
+    def finish(batch: dict[str, list], indices: list[int]) -> dict[str, list]:
+        if limit is not None:
+            for column in needed[1:]:
+                batch[column] = [values[:limit] for values in batch[column]]
+        batch["row_index"] = indices
+        return batch
+
+    return dataset.map(finish, batched=True, with_indices=True, num_proc=num_proc, keep_in_memory=True)

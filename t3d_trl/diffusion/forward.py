@@ -1,0 +1,100 @@
+"""One forward pass of a diffusion LM, whatever its family.
+
+Decoders (Llama, Qwen2/3, Mistral, ...) get an additive 4D float mask and compute vocabulary logits only at
+the positions a step uses (``logits_to_keep`` with an index tensor). Encoder MLMs (BERT, ModernBERT) take a
+2D padding mask and return logits for every position, which are then sliced. Models with shifted logits
+(Dream) predict token ``i`` at position ``i - 1``; that shift is applied here, so callers always ask for the
+positions whose tokens they want.
+"""
+
+from __future__ import annotations
+
+import inspect
+from functools import cache as _memoize
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel
+
+from .config import DiffusionConfig
+
+
+def unwrap_model(model: torch.nn.Module) -> PreTrainedModel:
+    """The transformers model inside DDP / DeepSpeed (``.module``) and ``peft`` (``get_base_model``) wrappers."""
+    while not isinstance(model, PreTrainedModel):
+        if callable(getattr(model, "get_base_model", None)):
+            model = model.get_base_model()
+        elif isinstance(getattr(model, "module", None), torch.nn.Module):
+            model = model.module
+        else:
+            raise TypeError(
+                f"expected a transformers PreTrainedModel (or a wrapper of one), got {type(model).__name__}"
+            )
+    return model
+
+
+@_memoize
+def _forward_params(cls: type) -> frozenset[str]:
+    return frozenset(inspect.signature(cls.forward).parameters)
+
+
+def accepts_4d_mask(model: torch.nn.Module) -> bool:
+    """Decoders that take ``logits_to_keep`` take additive 4D masks; encoder MLMs do not."""
+    return "logits_to_keep" in _forward_params(type(unwrap_model(model)))
+
+
+def cache_keyword(model: torch.nn.Module) -> str:
+    """transformers 5.24 renamed ``past_key_values`` to ``cache``; support both spellings."""
+    return "cache" if "cache" in _forward_params(type(unwrap_model(model))) else "past_key_values"
+
+
+def diffusion_forward(
+    model: torch.nn.Module,
+    diffusion: DiffusionConfig,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    keep: torch.Tensor | None = None,
+    cache: Any = None,
+    use_cache: bool = False,
+) -> tuple[torch.Tensor, Any]:
+    """Run ``model`` and return ``(logits, cache)``.
+
+    Args:
+        model: a transformers model (a decoder accepting 4D masks, or an encoder MLM), or a DDP / DeepSpeed /
+            ``peft`` wrapper of one (the wrapper is called, so gradient sync and adapters stay in the loop).
+        diffusion: the model's diffusion description (for the logit shift).
+        input_ids: ``[B, L]`` tokens fed this pass.
+        attention_mask: ``[B, 1, L, past + L]`` additive float mask for decoders, ``[B, L]`` 0/1 for encoders.
+        position_ids: ``[B, L]``.
+        keep: 1-D indices into the ``L`` input positions whose token predictions are wanted; ``None`` = all.
+        cache: a transformers ``Cache`` (decoders only).
+        use_cache: whether the pass should append its keys/values to ``cache``.
+
+    Returns:
+        ``logits`` of shape ``[B, len(keep), V]`` (or ``[B, L, V]``) and the cache object.
+    """
+    source = keep
+    if keep is not None and diffusion.shift_logits:
+        source = (keep - 1).clamp_min(0)
+    if accepts_4d_mask(model):
+        kwargs: dict[str, Any] = {"use_cache": use_cache}
+        if cache is not None:
+            kwargs[cache_keyword(model)] = cache
+        if source is not None:
+            kwargs["logits_to_keep"] = source
+        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs)
+        logits = out.logits
+        new_cache = cache  # a passed Cache object is updated in place
+    else:
+        if attention_mask.dim() != 2:
+            raise ValueError(
+                f"{type(model).__name__} is an encoder MLM and takes a 2D padding mask, got shape "
+                f"{tuple(attention_mask.shape)}; block-causal attention needs a decoder model"
+            )
+        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+        logits = out.logits if source is None else out.logits[:, source]
+        new_cache = None
+    if keep is None and diffusion.shift_logits:
+        logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+    return logits, new_cache

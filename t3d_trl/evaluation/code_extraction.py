@@ -1,0 +1,167 @@
+"""Cutting the code out of a model's completion, and finding the function a test suite calls.
+
+Two rules (see ``docs/evaluation_checkers.md`` for what each recovers): ``"entry_point"`` (evalplus-like,
+the default) and ``"last_block"`` (the paper's rule). The sandbox (:mod:`t3d_trl.evaluation.sandbox`)
+runs what these functions find; its module re-exports them under their old import path.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import re
+from collections.abc import Sequence
+from typing import Literal
+
+__all__ = [
+    "CODE_EXTRACTION_RULES",
+    "CodeExtraction",
+    "completion_code",
+    "entry_point_from_tests",
+    "extract_code",
+]
+
+_PYTHON_TAGS = {"python", "py", "python3", "py3"}
+#: How code is cut out of a completion (:func:`extract_code`): evalplus-like, or the paper's last block.
+CODE_EXTRACTION_RULES = ("entry_point", "last_block")
+CodeExtraction = Literal["entry_point", "last_block"]
+_FENCED_BLOCK_RE = re.compile(r"```([^\n`]*)\n(.*?)```", re.DOTALL)
+
+
+def _fenced_blocks(completion: str) -> list[tuple[str, str]]:
+    """``(language tag, body)`` of every fenced block, in order; an unclosed last fence runs to the end."""
+    blocks: list[tuple[str, str]] = []
+    end = 0
+    for match in _FENCED_BLOCK_RE.finditer(completion):
+        blocks.append((match.group(1).strip().lower(), match.group(2)))
+        end = match.end()
+    tail = completion[end:]
+    fence = tail.find("```")
+    if fence != -1:
+        header, newline, body = tail[fence + 3 :].partition("\n")
+        if newline and "`" not in header:
+            blocks.append((header.strip().lower(), body))
+    return blocks
+
+
+def _parses(code: str) -> ast.Module | None:
+    try:
+        return ast.parse(code)
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return None
+
+
+def _defines(code: str, entry_point: str) -> bool:
+    """Whether ``code`` defines ``entry_point`` at top level (a function, a class or ``name = ...``)."""
+    tree = _parses(code)
+    if tree is None:  # a block cut at the token budget: look for the definition line itself
+        return (
+            re.search(rf"^(?:async\s+)?def\s+{re.escape(entry_point)}\s*\(", code, re.MULTILINE) is not None
+        )
+    for node in tree.body:
+        if (
+            isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            and node.name == entry_point
+        ):
+            return True
+        if isinstance(node, ast.Assign) and any(
+            isinstance(target, ast.Name) and target.id == entry_point for target in node.targets
+        ):
+            return True
+    return False
+
+
+def _longest_parsing_run(text: str, entry_point: str | None) -> str | None:
+    """The run of consecutive lines with the most non-blank lines that parses as Python (and, given
+    ``entry_point``, defines it), as evalplus's sanitizer finds code in prose; ``None`` if there is none."""
+    lines = text.splitlines()
+    weight = [0]
+    for line in lines:
+        weight.append(weight[-1] + bool(line.strip()))
+    best, best_weight = None, 0
+    for i, line in enumerate(lines):
+        # A module cannot start indented or blank, and a shorter run cannot beat the best one.
+        if not line.strip() or line[0].isspace() or weight[-1] - weight[i] <= best_weight:
+            continue
+        for j in range(len(lines), i, -1):
+            if weight[j] - weight[i] <= best_weight:
+                break
+            code = "\n".join(lines[i:j]).rstrip() + "\n"
+            if _parses(code) is not None and (entry_point is None or _defines(code, entry_point)):
+                best, best_weight = code, weight[j] - weight[i]
+                break
+    return best
+
+
+def extract_code(
+    completion: str, entry_point: str | None = None, rule: CodeExtraction = "entry_point"
+) -> str | None:
+    """The code of a completion, by one of two rules (see ``docs/evaluation_checkers.md`` for what each recovers).
+
+    * ``"entry_point"`` (default, evalplus-like): the last fenced block that defines ``entry_point`` at top
+      level; else the longest run of lines of the text that parses and defines it (code in prose without a
+      fence); else the last fenced block as below. Without ``entry_point``: the last fenced block, else the
+      longest run of lines that parses.
+    * ``"last_block"`` (the paper's rule): the last block tagged ``python``/``py``/``python3``, else the
+      last fenced block of any language; ``None`` without a fence.
+
+    An unclosed fence at the end (a completion cut at its token budget) counts as a block that runs to the
+    end of the text. Returns ``None`` when the rule finds no code.
+    """
+    if not isinstance(completion, str):
+        raise TypeError(f"completion must be a str, got {type(completion).__name__}")
+    if rule not in CODE_EXTRACTION_RULES:
+        raise ValueError(f"rule must be one of {CODE_EXTRACTION_RULES}, got {rule!r}")
+    if entry_point is not None and not (isinstance(entry_point, str) and entry_point.isidentifier()):
+        raise ValueError(f"entry_point must be a Python identifier, got {entry_point!r}")
+    blocks = _fenced_blocks(completion)
+    if rule == "entry_point":
+        if entry_point is not None:
+            defining = [body for _, body in blocks if _defines(body, entry_point)]
+            if defining:
+                return defining[-1]
+            run = _longest_parsing_run(completion, entry_point)
+            if run is not None:
+                return run
+        elif not blocks:
+            return _longest_parsing_run(completion, None)
+    if not blocks:
+        return None
+    for tag, body in reversed(blocks):
+        if tag in _PYTHON_TAGS:
+            return body
+    return blocks[-1][1]
+
+
+def entry_point_from_tests(tests: str | Sequence[str]) -> str | None:
+    """The function that MBPP-style ``assert`` tests call: the first called name that is not a builtin, else
+    the first called name (a solution may shadow a builtin: MBPP asks for a ``sum(a, b)``).
+
+    ``["assert set(similar(1, 2)) == {3}"]`` -> ``"similar"``; ``None`` when the tests call no function by name
+    (or do not parse).
+    """
+    source = tests if isinstance(tests, str) else "\n".join(tests)
+    tree = _parses(source)
+    if tree is None:
+        return None
+    called = [
+        node.func.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+    ]
+    return next((name for name in called if not hasattr(builtins, name)), called[0] if called else None)
+
+
+def completion_code(
+    completion: str,
+    entry_point: str | None = None,
+    rule: CodeExtraction = "entry_point",
+) -> str | None:
+    """The program to run for a completion: :func:`extract_code`, or the text itself when it has no fence
+    and the rule finds nothing (a bare program, or a HumanEval body that only parses after its prompt)."""
+    if not isinstance(completion, str):
+        raise TypeError(f"completion must be a str, got {type(completion).__name__}")
+    code = extract_code(completion, entry_point, rule)
+    if code is None and "```" not in completion:
+        return completion
+    return code

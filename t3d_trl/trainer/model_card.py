@@ -1,0 +1,124 @@
+"""The model card :class:`~t3d_trl.T3DTrainer` writes (``README.md``): tags, the paper, the settings, how to sample."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import textwrap
+from pathlib import Path
+from typing import Any
+
+from trl.trainer.base_config import _BaseConfig
+
+from ..data.schema import TrajectoryMetadata
+from ..generation.configuration import DiffusionGenerationConfig
+from .t3d_config import T3DConfig
+
+TEMPLATE = Path(__file__).with_name("model_card.jinja")
+PAPER = {
+    "title": "Few-Step Diffusion Language Models via Trajectory Self-Distillation",
+    "id": None,
+    "citation": textwrap.dedent("""\
+        @misc{zhang2026t3d,
+            title   = {{Few-Step Diffusion Language Models via Trajectory Self-Distillation}},
+            author  = {Tunyu Zhang and Xinxi Zhang and Ligong Han and Haizhou Shi and Xiaoxiao He and Zhuowei Li and Hao Wang and Kai Xu and Akash Srivastava and Chengzhi Mao and Hao Wang and Vladimir Pavlovic and Dimitris N. Metaxas},
+            year    = 2026,
+            note    = {Preprint},
+        }"""),
+}
+
+#: The settings every card lists (the objective, the data limits and the optimisation).
+CARD_SETTINGS = (
+    "loss_type",
+    "beta",
+    "fake_weight",
+    "fake_estimator",
+    "lambda_path",
+    "path_weighting",
+    "ref_sync_steps",
+    "state_sampling",
+    "random_token_prob",
+    "tokens_per_step",
+    "max_prompt_length",
+    "max_completion_length",
+    "learning_rate",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "num_train_epochs",
+    "max_steps",
+    "seed",
+)
+# T3D settings that do not change the model (how the run was carried out), left out of the card.
+_NOT_MODEL_SETTINGS = ("overwrite_output_dir", "dataset_num_proc")
+
+
+def _default(field: dataclasses.Field) -> Any:
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return field.default
+
+
+def card_settings(args: T3DConfig, block_length: int) -> dict[str, Any]:
+    """:data:`CARD_SETTINGS`, every other setting :class:`~t3d_trl.T3DConfig` adds to TRL's that differs from its
+    default (``student_state_ratio``, ``certainty_weight``, ...: a run that departs from the paper says so), and
+    the block length trained with."""
+    settings = {name: getattr(args, name) for name in CARD_SETTINGS}
+    inherited = {f.name for f in dataclasses.fields(_BaseConfig)}
+    for field in dataclasses.fields(T3DConfig):
+        if field.name in settings or field.name in inherited or field.name in _NOT_MODEL_SETTINGS:
+            continue
+        if field.init and getattr(args, field.name) != _default(field):
+            settings[field.name] = getattr(args, field.name)
+    settings["block_length"] = block_length
+    return settings
+
+
+def write_model_card(
+    output_dir: str,
+    *,
+    model_config: Any,
+    args: T3DConfig,
+    block_length: int,
+    metadata: TrajectoryMetadata | None,
+    paper: dict[str, Any],
+    tags: set[str],
+    model_name: str,
+    hub_model_id: str,
+    dataset_name: str | None,
+    adapter: bool,
+    chat_template: bool,
+) -> None:
+    """Write ``output_dir/README.md`` for a model whose (inner) config is ``model_config``."""
+    from huggingface_hub import ModelCard, ModelCardData
+    from trl.trainer.utils import get_config_model_id
+
+    base_model = get_config_model_id(model_config)
+    base_model = base_model if base_model and not os.path.isdir(base_model) else None
+    generation = DiffusionGenerationConfig.from_model_config(model_config)
+    card = ModelCard.from_template(
+        ModelCardData(
+            base_model=base_model,
+            datasets=dataset_name,
+            library_name="transformers",
+            tags=["generated_from_trainer", *sorted(tags)],
+        ),
+        template_path=str(TEMPLATE),
+        model_name=model_name,
+        base_model=base_model,
+        hub_model_id=hub_model_id,
+        dataset_name=dataset_name,
+        adapter=adapter,
+        chat_template=chat_template,
+        distilled=args.loss_type != "mdlm",
+        generation=generation,
+        steps_per_block=generation.block_length // generation.tokens_per_step
+        if generation.block_length and generation.tokens_per_step
+        else None,
+        settings=json.dumps(card_settings(args, block_length), indent=2),
+        teacher=metadata.teacher if metadata else None,
+        trajectory=metadata.to_dict() if metadata else None,
+        citation=paper["citation"],
+        paper_title=paper["title"],
+    )
+    card.save(os.path.join(output_dir, "README.md"))

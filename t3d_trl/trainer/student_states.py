@@ -1,0 +1,100 @@
+"""Student states (``T3DConfig.student_state_ratio``): training states one parallel step of the student off the
+teacher's trajectory, relabelled by the frozen teacher.
+
+Which rows move is drawn from a generator keyed on ``(seed, global_step, micro_batch, process)``, and how many
+positions leave the loss depends only on the batch (each moving block commits exactly ``tokens_per_step`` of its
+masked positions), not on the student's predictions. So the loss's normaliser for the whole accumulated step
+(:func:`committed_count`) is known before any state is made, and the states themselves are made in
+``training_step``, one micro-batch at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+
+def chosen_rows(num_rows: int, ratio: float, key: int, device: torch.device | str) -> torch.Tensor:
+    """The rows (a boolean ``[num_rows]``) that move off the trajectory, drawn from a generator seeded ``key``."""
+    generator = torch.Generator().manual_seed(key)
+    return (torch.rand(num_rows, generator=generator) < ratio).to(device)
+
+
+def decoding_blocks(
+    batch: dict[str, torch.Tensor], block_length: int, is_block_causal: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(block index of each kept column, the loss positions of the blocks being decoded).
+
+    Block-causal: every noisy block is being decoded; bidirectional: the first block that holds a mask (blocks
+    start at the completion, the first kept column; later blocks wait for the current one).
+    """
+    loss_mask, keep = batch["loss_mask"], batch["keep"]
+    if is_block_causal:
+        return batch["position_ids"][:, keep] // block_length, loss_mask
+    block = torch.arange(keep.numel(), device=keep.device).expand_as(loss_mask) // block_length
+    first = torch.where(loss_mask, block, torch.full_like(block, block.max() + 1)).min(-1, keepdim=True)
+    return block, loss_mask & (block == first.values)
+
+
+def _moving_blocks(block: torch.Tensor, loss_mask: torch.Tensor, tokens_per_step: int):
+    """``(b, in_block, steps)`` for each block ``b``: its loss positions and whether it moves (a mask is left
+    after committing ``tokens_per_step`` tokens)."""
+    for b in block.unique().tolist():
+        in_block = (block == b) & loss_mask
+        yield b, in_block, in_block.sum(-1, keepdim=True) > tokens_per_step
+
+
+def committed_count(
+    batch: dict[str, torch.Tensor],
+    chosen: torch.Tensor,
+    block_length: int,
+    is_block_causal: bool,
+    tokens_per_step: int,
+) -> torch.Tensor:
+    """How many loss positions the student states of ``chosen`` rows commit (they leave the loss)."""
+    if not chosen.any():
+        return torch.zeros((), dtype=torch.long, device=chosen.device)
+    rows = {k: v if k == "keep" else v[chosen.to(v.device)] for k, v in batch.items() if torch.is_tensor(v)}
+    block, loss_mask = decoding_blocks(rows, block_length, is_block_causal)
+    return sum(
+        steps.sum() * tokens_per_step for _, _, steps in _moving_blocks(block, loss_mask, tokens_per_step)
+    )
+
+
+@torch.no_grad()
+def make_student_states(
+    inputs: dict[str, torch.Tensor],
+    chosen: torch.Tensor,
+    student_logits: Callable[[dict[str, torch.Tensor]], torch.Tensor],
+    teacher_logits: Callable[[dict[str, torch.Tensor]], torch.Tensor],
+    block_length: int,
+    is_block_causal: bool,
+    tokens_per_step: int,
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """``inputs`` with the ``chosen`` rows moved one student step and relabelled by the teacher, and the moved
+    rows' batch (``input_ids``, ``loss_mask``, ``targets``)."""
+    batch = {k: v if k == "keep" else v[chosen] for k, v in inputs.items()}
+    keep = batch["keep"]
+    confidence, proposal = student_logits(batch).float().softmax(-1).max(-1)
+    block, loss_mask = decoding_blocks(batch, block_length, is_block_causal)
+    score = confidence.masked_fill(~loss_mask, -1.0)
+    commit = torch.zeros_like(loss_mask)
+    moved = torch.zeros_like(loss_mask)  # blocks whose state moved: only they are relabelled
+    positions = torch.arange(score.shape[-1], device=score.device).expand_as(score)
+    for b, in_block, steps in _moving_blocks(block, loss_mask, tokens_per_step):
+        ranked = score.masked_fill(block != b, -1.0).argsort(-1, descending=True)
+        rank = torch.empty_like(ranked).scatter_(-1, ranked, positions)
+        commit |= in_block & (rank < tokens_per_step) & steps
+        moved |= (block == b) & steps
+    columns = batch["input_ids"][:, keep]
+    batch["input_ids"] = batch["input_ids"].clone()
+    batch["input_ids"][:, keep] = torch.where(commit, proposal, columns)
+    batch["loss_mask"] = batch["loss_mask"] & ~commit
+    labels = teacher_logits(batch).argmax(-1)
+    batch["targets"] = torch.where(batch["loss_mask"] & moved, labels, batch["targets"])
+    out = dict(inputs)
+    for name in ("input_ids", "loss_mask", "targets"):
+        out[name] = inputs[name].clone()
+        out[name][chosen] = batch[name]
+    return out, batch
