@@ -183,7 +183,7 @@ def build_app(
     ):
         trajectories = str(Path(quickstart_dir) / "trajectories")
 
-    with gr.Blocks(title="t3d-trl playground") as app:
+    with gr.Blocks(title="t3d-trl playground", analytics_enabled=False) as app:
         gr.Markdown(_INTRO)
         with gr.Tab("Decode"):
             prompt = gr.Textbox(label="Prompt", lines=2, elem_id="t3d-prompt")
