@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ..demo.quickstart import PACKAGED_TEACHERS
+from ..demo.quickstart import METHODS, PACKAGED_TEACHERS
 from ..generation.configuration import DiffusionGenerationConfig
 from ..generation.streamers import DiffusionStep, DiffusionStreamer, token_pieces, token_separator
 from .render import CanvasState, canvas_html, column_html, error_html, stats_html, text_html
@@ -160,11 +160,7 @@ def default_columns(models: Sequence[str], quickstart: bool = False) -> list[Col
     if not models:
         return []
     teacher = "teacher" if quickstart and "teacher" in models else models[0]
-    students = [
-        name
-        for name in models
-        if quickstart and name not in ("teacher",) and name in ("t3d", "td", "redi", "dparallel")
-    ]
+    students = [name for name in METHODS if quickstart and name in models]  # t3d first
     student = students[0] if students else teacher
     return [
         ColumnSpec(teacher, tokens_per_step=1),
