@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..generation.configuration import OUTPUT_FIELDS, DiffusionGenerationConfig
 from ..utils import DATA_FILE_BUILDERS, load_data_file
+from .checks import check_dataset_source
 from .parsing import parse_recipe
 
 if TYPE_CHECKING:  # datasets and torch load when a collection runs, not for --help
@@ -133,7 +134,10 @@ def run(config: CollectConfig) -> datasets.Dataset:
 
     from ..data.hub import push_trajectories_to_hub
     from ..data.trajectories import _process_group, collect_trajectories, collection_summary
+    from ..models.auto import check_model_source
 
+    check_dataset_source(config.dataset_name)  # both before anything loads
+    check_model_source(config.model_name_or_path, revision=config.model_revision)
     source = load_source_dataset(config.dataset_name, config.dataset_config, config.dataset_split)
     if config.limit is not None:
         source = source.select(range(min(config.limit, len(source))))

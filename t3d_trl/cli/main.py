@@ -4,8 +4,8 @@ Each command lives in its own module of this package and exposes ``main(argv) ->
 is registered in :data:`COMMANDS`. Commands that read recipes parse them TRL-style (``--config recipe.yaml``: YAML values become
 defaults, command-line flags override them, unknown keys fail); see :func:`t3d_trl.cli.parsing.parse_recipe`.
 Expected errors, the ``ValueError`` (bad input or settings, :class:`~t3d_trl.cli.parsing.RecipeError` included) and
-``FileNotFoundError`` (a missing file, folder or model) or ``FileExistsError`` (an output in the way) a command
-raises, are printed here as one line,
+``FileNotFoundError`` (a missing file, folder or model), ``FileExistsError`` (an output in the way) or
+``ConnectionError`` (the Hub cannot be reached) a command raises, are printed here as one line,
 ``t3d-trl <command>: <message>``, with exit status 2; ``--debug`` (anywhere on the command line) or
 ``T3D_TRL_DEBUG=1`` prints their traceback too. Anything else is a bug and keeps its traceback.
 """
@@ -20,7 +20,7 @@ import traceback
 from .parsing import RecipeError, snake_case_flags
 
 #: Errors a command raises on bad input: reported in one line, exit status 2 (see the module docstring).
-EXPECTED_ERRORS = (RecipeError, ValueError, FileNotFoundError, FileExistsError)
+EXPECTED_ERRORS = (RecipeError, ValueError, FileNotFoundError, FileExistsError, ConnectionError)
 DEBUG_ENV = "T3D_TRL_DEBUG"
 
 # command name -> (module under t3d_trl.cli, one-line help). Modules are imported only when their command runs.

@@ -19,6 +19,7 @@ from typing import Any
 
 from trl import ModelConfig
 
+from .checks import check_accelerate_config, check_dataset_source
 from .parsing import RecipeError, parse_recipe
 
 _LAUNCHED = "T3D_TRL_LAUNCHED"  # set in the processes started by --accelerate_config (no second relaunch)
@@ -113,8 +114,13 @@ def main(argv: list[str]) -> int:
     ]
     if missing:
         raise RecipeError(f"train needs {', '.join(missing)} (in the recipe or as flags)")
-    if data.accelerate_config and not os.path.isfile(data.accelerate_config):
-        raise RecipeError(f"accelerate_config {data.accelerate_config!r} is not a file")
+    # Everything that can be checked is, before anything loads: one line instead of a traceback after a load.
+    if data.accelerate_config:
+        check_accelerate_config(data.accelerate_config)
+    from ..models.auto import check_model_source
+
+    check_model_source(model_args.model_name_or_path)
+    check_dataset_source(data.dataset_name)
     # Already one of several processes (accelerate launch, torchrun, SLURM): run here, do not relaunch.
     launched = os.environ.get(_LAUNCHED) or int(os.environ.get("WORLD_SIZE", "1")) > 1
     if data.accelerate_config and not launched:

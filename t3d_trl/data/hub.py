@@ -16,7 +16,7 @@ import datasets
 from huggingface_hub import DatasetCard, DatasetCardData
 
 from .schema import METADATA_KEY, TRAJECTORY_COLUMNS, TrajectoryMetadata, validate_trajectories
-from .trajectories import MANIFEST
+from .shards import MANIFEST
 
 logger = logging.getLogger(__name__)
 

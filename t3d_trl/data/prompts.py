@@ -7,11 +7,31 @@ student and the evaluation all see exactly the same prompt text.
 
 from __future__ import annotations
 
+import logging
 import string
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from ..utils import MissingKeyError
+from .schema import TRAJECTORY_COLUMNS
+
+if TYPE_CHECKING:
+    import datasets
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class PromptRow:
+    """One source row ready for the teacher."""
+
+    index: int  # position in the source dataset (the merged dataset keeps source order)
+    id: str
+    prompt: str
+    prompt_ids: list[int]
+    extra: dict[str, Any]  # pass-through columns
+
 
 MATH_PROMPT = (
     "{problem}. Please reason step by step, and put your final answer within \\boxed{{}}. "
@@ -80,3 +100,104 @@ def encode_prompts(
             for i, row in zip(rows, encoded):
                 ids[i] = list(row)
     return texts, ids
+
+
+def _user_message(row: Mapping[str, Any], template: str, prompt_column: str) -> str:
+    # The template's {problem} field reads `prompt_column`, other fields read the columns of their name.
+    if prompt_column not in row:
+        raise MissingKeyError(
+            f"prompt_column {prompt_column!r} is not a column of the dataset; it has {sorted(row)}"
+        )
+    return format_user_message(template, {**row, "problem": row[prompt_column]})
+
+
+def build_prompts(
+    dataset: datasets.Dataset,
+    tokenizer: Any,
+    prompt_template: str = "math",
+    *,
+    prompt_column: str = "problem",
+    id_column: str | None = None,
+    chat_column: str | None = None,
+    use_chat_template: bool = True,
+    keep_columns: Sequence[str] | None = None,
+) -> list[PromptRow]:
+    """Render and tokenise the prompt of every source row (see :func:`collect_trajectories` for the arguments).
+
+    The prompt text is tokenised without adding special tokens: the chat template already holds them, so
+    ``prompt_ids`` is exactly the tokenisation of ``prompt``. Every row gives a prompt; length limits are
+    applied by :func:`drop_long_prompts`.
+    """
+    columns = list(dataset.column_names)
+    if id_column is None and "id" in columns:
+        id_column = "id"
+    for name, value in (("id_column", id_column), ("chat_column", chat_column)):
+        if value is not None and value not in columns:
+            raise ValueError(f"{name}={value!r} is not a column of the dataset; it has {columns}")
+    if chat_column is not None and not use_chat_template:
+        raise ValueError(f"chat_column={chat_column!r} needs use_chat_template=True")
+    if keep_columns is None:
+        keep = [c for c in columns if c not in TRAJECTORY_COLUMNS]
+    else:
+        keep = list(keep_columns)
+        clash = [c for c in keep if c in TRAJECTORY_COLUMNS]
+        absent = [c for c in keep if c not in columns]
+        if clash or absent:
+            raise ValueError(
+                f"keep_columns {keep}: {clash or absent} "
+                + ("are trajectory columns" if clash else f"are not columns of the dataset ({columns})")
+            )
+    prompts: list[PromptRow] = []
+    seen: dict[str, int] = {}
+    from tqdm.auto import tqdm
+
+    for index, row in enumerate(tqdm(dataset, desc="tokenising prompts", unit="prompt", leave=False)):
+        if chat_column is not None:
+            text = tokenizer.apply_chat_template(row[chat_column], tokenize=False, add_generation_prompt=True)
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]  # the template holds its specials
+        else:
+            message = _user_message(row, prompt_template, prompt_column)
+            [text], [ids] = encode_prompts(tokenizer, [message], use_chat_template)
+        row_id = str(row[id_column]) if id_column is not None else str(index)
+        if row_id in seen:
+            raise ValueError(
+                f"id {row_id!r} appears twice (rows {seen[row_id]} and {index}); ids must be unique"
+            )
+        seen[row_id] = index
+        prompts.append(PromptRow(index, row_id, text, list(ids), {c: row[c] for c in keep}))
+    return prompts
+
+
+def drop_long_prompts(
+    prompts: Sequence[PromptRow],
+    max_prompt_length: int | None,
+    max_positions: int | None,
+    max_new_tokens: int,
+) -> tuple[list[PromptRow], dict[str, int]]:
+    """Drop the prompts the teacher cannot decode; returns the kept prompts and ``{rule: rows dropped}``.
+
+    A prompt is dropped when it plus ``max_new_tokens`` exceeds the model's ``max_position_embeddings`` (the
+    sampler would refuse its whole batch), or when it is longer than ``max_prompt_length``; each dropped prompt
+    is counted under the first of these rules it breaks. A prompt is never truncated: that would change the
+    question.
+    """
+    rules = {
+        f"prompt + max_new_tokens={max_new_tokens} beyond the model's max_position_embeddings={max_positions}": (
+            None if max_positions is None else max_positions - max_new_tokens
+        ),
+        f"prompt longer than max_prompt_length={max_prompt_length}": max_prompt_length,
+    }
+    dropped = dict.fromkeys(rules, 0)
+    kept = []
+    for prompt in prompts:
+        rule = next(
+            (r for r, limit in rules.items() if limit is not None and len(prompt.prompt_ids) > limit), None
+        )
+        if rule is None:
+            kept.append(prompt)
+        else:
+            dropped[rule] += 1
+    dropped = {rule: n for rule, n in dropped.items() if n}
+    for rule, n in dropped.items():
+        logger.warning("dropped %d of %d prompts: %s", n, len(prompts), rule)
+    return kept, dropped

@@ -116,6 +116,7 @@ def _training_args(config: QuickstartConfig, output_dir: Path, **overrides: Any)
         seed=config.seed,
         activation_checkpointing=False,
         dataloader_num_workers=0,
+        overwrite_output_dir=True,  # a rerun of the demo replaces its own models
     )
     values.update(overrides)
     return T3DConfig(**values)

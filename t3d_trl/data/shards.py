@@ -1,0 +1,220 @@
+"""The folder of a trajectory collection: its manifest, its shards, and the merged dataset built from them.
+
+``output_dir/collection.json`` (the manifest) holds the settings the collection was started with, and after a merge
+the counts of prompts, rows and dropped rows. ``output_dir/shards/batch-NNNNNN.parquet`` holds one decoded batch
+each, written atomically. The merged dataset (``save_to_disk`` layout: ``data-*.arrow``, ``dataset_info.json``,
+``state.json``) is rebuilt from the shards by every run that finishes, so rerunning a collection into the same
+folder repairs a damaged dataset file as long as the shards are there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import datasets
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .prompts import PromptRow
+from .schema import TrajectoryMetadata, row_problem
+
+MANIFEST = "collection.json"
+SHARD_DIR = "shards"
+SUMMARY_KEY = "summary"  # the manifest entry holding the counts of the last merge (not a setting)
+
+
+def shard_features(dataset: datasets.Dataset, keep: Sequence[str]) -> datasets.Features:
+    ids = datasets.List(datasets.Value("int32"))
+    base = {
+        "id": datasets.Value("string"),
+        "prompt": datasets.Value("string"),
+        "prompt_ids": ids,
+        "completion_ids": ids,
+        "decode_step": ids,
+        "finished": datasets.Value("bool"),
+        "completion": datasets.Value("string"),
+    }
+    return datasets.Features({**base, **{c: dataset.features[c] for c in keep}})
+
+
+def write_shard(path: Path, rows: list[dict[str, Any]], features: datasets.Features) -> None:
+    table = pa.Table.from_pylist([features.encode_example(r) for r in rows], schema=features.arrow_schema)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    pq.write_table(table, tmp)
+    os.replace(tmp, path)  # atomic: a shard is either complete or absent
+
+
+def shard_path(output_dir: Path, batch_index: int) -> Path:
+    return output_dir / SHARD_DIR / f"batch-{batch_index:06d}.parquet"
+
+
+def rows_problem(
+    rows: Sequence[Mapping[str, Any]], batch: Sequence[PromptRow], metadata: TrajectoryMetadata
+) -> str | None:
+    """What is wrong with one batch's rows (other ids or prompts than the batch's, a row breaking the contract)."""
+    expected = {p.id: p for p in batch}
+    ids = [row["id"] for row in rows]
+    if sorted(ids) != sorted(expected):
+        foreign = sorted(set(ids) - set(expected))
+        if foreign:
+            return f"it holds id(s) {foreign[:3]} that are not in its batch"
+        missing = sorted(set(expected) - set(ids))
+        return f"it lacks id(s) {missing[:3]} of its batch" if missing else "it holds an id twice"
+    for row in rows:
+        if row["prompt_ids"] != expected[row["id"]].prompt_ids:
+            return f"row id={row['id']!r}: its prompt_ids are not the prompt's (another collection's shard?)"
+        problem = row_problem(row, metadata)
+        if problem is not None:
+            return f"row id={row['id']!r}: {problem}"
+    return None
+
+
+def shard_problem(
+    path: Path, batch: Sequence[PromptRow], features: datasets.Features, metadata: TrajectoryMetadata
+) -> str | None:
+    """What is wrong with a written shard, or ``None`` when it holds exactly its batch's valid rows."""
+    try:
+        missing = [name for name in features if name not in pq.read_schema(path).names]
+        if missing:  # read with the schema, they would come back as nulls
+            return f"it lacks column(s) {missing}"
+        table = pq.read_table(path, schema=features.arrow_schema)
+    except (pa.ArrowException, OSError, ValueError, KeyError) as err:  # truncated, other columns or types
+        return f"it cannot be read with the collection's columns ({type(err).__name__}: {err})"
+    return rows_problem(table.to_pylist(), batch, metadata)
+
+
+def _differences(saved: Any, current: Any, prefix: str = "") -> list[str]:
+    if isinstance(saved, dict) and isinstance(current, dict):
+        out: list[str] = []
+        for key in sorted(set(saved) | set(current)):
+            out += _differences(saved.get(key), current.get(key), f"{prefix}{key}.")
+        return out
+    return [] if saved == current else [f"{prefix[:-1]}: {saved!r} (saved) != {current!r} (now)"]
+
+
+def check_manifest(output_dir: Path, manifest: dict[str, Any], is_main: bool, barrier: Any) -> None:
+    path = output_dir / MANIFEST
+    if is_main:
+        output_dir.joinpath(SHARD_DIR).mkdir(parents=True, exist_ok=True)
+        for stale in output_dir.joinpath(SHARD_DIR).glob(".*.tmp"):  # a shard interrupted while written
+            stale.unlink()
+        if not path.exists():
+            path.write_text(json.dumps(manifest, indent=2))
+    barrier()
+    try:
+        saved = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(
+            f"{path} is not valid JSON ({err}): delete {output_dir} to start the collection over"
+        ) from err
+    # A newer package version may resume an older collection; everything else must match.
+    saved.pop(SUMMARY_KEY, None)  # the counts of an earlier merge are not a setting
+    saved["metadata"].pop("t3d_trl_version", None)
+    current = json.loads(json.dumps(manifest))
+    current["metadata"].pop("t3d_trl_version", None)
+    diffs = _differences(saved, current)
+    if diffs:
+        raise ValueError(
+            f"{output_dir} holds a collection started with other settings; refusing to resume. Differences:\n  "
+            + "\n  ".join(diffs)
+            + "\nUse another output_dir, or delete this one to start over."
+        )
+
+
+def merge_shards(
+    output_dir: Path,
+    batches: Sequence[Sequence[PromptRow]],
+    features: datasets.Features,
+    metadata: TrajectoryMetadata,
+    *,
+    filter_unfinished: bool = False,
+    gold_column: str | None = None,
+    answer_checker: Callable[[str, str], bool] | None = None,
+) -> tuple[datasets.Dataset, dict[str, int]]:
+    """Read every batch's (validated) shard, restore source order and apply the filters.
+
+    ``gold_column`` keeps the rows whose completion ``answer_checker(completion, gold)`` accepts.
+
+    Returns the dataset and ``{rule: rows dropped}`` for the filters that dropped rows.
+    """
+    missing = [i for i in range(len(batches)) if not shard_path(output_dir, i).exists()]
+    if missing:
+        raise RuntimeError(
+            f"{len(missing)} batches have no shard in {output_dir / SHARD_DIR} (first: {missing[0]})"
+        )
+    table = pa.concat_tables(
+        [pq.read_table(shard_path(output_dir, i), schema=features.arrow_schema) for i in range(len(batches))]
+    )
+    position = {p.id: p.index for batch in batches for p in batch}
+    ids = table.column("id").to_pylist()
+    foreign = sorted(set(ids) - position.keys())
+    if foreign:
+        raise ValueError(
+            f"the shards in {output_dir / SHARD_DIR} hold ids that are not prompts of this collection "
+            f"({foreign[:5]}): they come from another collection; delete {output_dir} to start over"
+        )
+    order = sorted(range(table.num_rows), key=lambda r: position[ids[r]])
+    dataset = datasets.Dataset(table.take(pa.array(order)), info=datasets.DatasetInfo(features=features))
+    metadata.attach(dataset)
+    dropped: dict[str, int] = {}
+    if filter_unfinished:
+        before = len(dataset)
+        dataset = dataset.filter(
+            lambda finished: finished, input_columns="finished", desc="dropping unfinished"
+        )
+        dropped[f"unfinished (no EOS in max_new_tokens={metadata.max_new_tokens}; filter_unfinished)"] = (
+            before - len(dataset)
+        )
+    if gold_column is not None:
+        if answer_checker is None:
+            raise ValueError("gold_column needs answer_checker")
+        keep = [
+            i
+            for i, (completion, gold) in enumerate(zip(dataset["completion"], dataset[gold_column]))
+            if gold is not None and answer_checker(completion, str(gold))
+        ]
+        dropped[f"answer does not match gold_column={gold_column!r}"] = len(dataset) - len(keep)
+        dataset = dataset.select(keep)
+    return dataset, {rule: n for rule, n in dropped.items() if n}
+
+
+def write_summary(output_dir: Path, summary: dict[str, Any]) -> None:
+    path = output_dir / MANIFEST
+    manifest = json.loads(path.read_text())
+    manifest[SUMMARY_KEY] = summary
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(manifest, indent=2))
+    os.replace(tmp, path)
+
+
+def collection_summary(output_dir: str | os.PathLike) -> str:
+    """One line on a finished collection: prompts, rows saved, and rows dropped by each rule.
+
+    Read from the ``summary`` entry of ``output_dir/collection.json``, written when the shards are merged.
+    """
+    path = Path(output_dir) / MANIFEST
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: {output_dir} is not a collection folder")
+    summary = json.loads(path.read_text()).get(SUMMARY_KEY)
+    if summary is None:
+        raise ValueError(f"{output_dir} holds an unfinished collection: rerun it to finish and merge it")
+    dropped = summary["dropped"]
+    detail = "; ".join(f"{n} {rule}" for rule, n in dropped.items())
+    return f"{summary['prompts']} prompts, {summary['rows']} trajectories saved to {output_dir}, " + (
+        f"{sum(dropped.values())} dropped: {detail}" if dropped else "none dropped"
+    )
+
+
+def save_dataset(dataset: datasets.Dataset, output_dir: Path) -> None:
+    # Save beside, then move into place: a dataset memory-mapped from an earlier save keeps its old files.
+    staging = output_dir / ".saving"
+    shutil.rmtree(staging, ignore_errors=True)
+    dataset.save_to_disk(str(staging))
+    for item in staging.iterdir():
+        os.replace(item, output_dir / item.name)
+    staging.rmdir()
