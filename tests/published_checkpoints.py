@@ -14,8 +14,8 @@ import math
 from pathlib import Path
 
 import torch
-from conftest import build_tokenizer
 from safetensors.torch import save_file
+from testing_utils import build_tokenizer
 from transformers import LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
 
 from t3d_trl.models.forward import diffusion_forward

@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from conftest import build_bidirectional_model, build_block_causal_model
+from testing_utils import build_bidirectional_model, build_block_causal_model
 
 from t3d_trl import TotalCorrelationConfig, TotalCorrelationResult, TrajectoryMetadata, total_correlation
 from t3d_trl.analysis.total_correlation import _complete_blocks, _prepare, _states

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import BENCHMARK_ROWS
+from testing_utils import BENCHMARK_ROWS
 
 from t3d_trl.data.prompts import CODE_PROMPT, MATH_PROMPT
 from t3d_trl.evaluation.benchmarks import (
@@ -241,7 +241,15 @@ def _method_study_targets(result: dict) -> None:
 
 
 # Scripts whose --quick run has correctness targets (ratios of timings are never asserted).
+def _startup_targets(result: dict) -> None:
+    # The three commands ran side by side; --help loads no torch, so it stays far under the import even here.
+    assert set(result["seconds"]) == {"import", "help", "generate"}
+    assert 0 < result["help_over_import"] <= 1.3
+    assert result["generate_over_import"] > 1  # a generation imports torch and transformers and then some
+
+
 TARGETS = {
+    "bench_startup": _startup_targets,
     "bench_code_extraction": _code_extraction_targets,
     "bench_distributed": _distributed_targets,
     "bench_method_study": _method_study_targets,
@@ -266,6 +274,8 @@ def run_quick(script: Path, *flags: str) -> tuple[dict, str]:
     return json.loads(done.stdout.strip().splitlines()[-1]), done.stdout
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda script: script.stem)
 def test_benchmark_script_runs_quick_and_ends_with_one_json_line(script):
     result, _ = run_quick(script)
@@ -273,6 +283,8 @@ def test_benchmark_script_runs_quick_and_ends_with_one_json_line(script):
     TARGETS.get(script.stem, lambda result: None)(result)
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_generation_benchmark_accuracy_only_reports_the_caches_cost_for_a_given_teacher_seed():
     result, printed = run_quick(
         REPO / "benchmarks" / "bench_generation.py", "--accuracy-only", "--teacher-seed", "1"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import build_bidirectional_model, build_block_causal_model
+from testing_utils import build_bidirectional_model, build_block_causal_model
 
 from t3d_trl import DiffusionConfig
 from t3d_trl.data.collator import DataCollatorForDiffusion, diffusion_attention_mask, teacher_state

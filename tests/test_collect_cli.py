@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 import yaml
-from conftest import free_port
+from testing_utils import free_port
 
 from t3d_trl import TrajectoryMetadata, load_trajectories
 from t3d_trl.cli.collect import CollectConfig, load_source_dataset
@@ -146,6 +146,8 @@ def _cli_worker(rank: int, port: int, argv: list[str], log_dir: str) -> None:
     torch.distributed.destroy_process_group()
 
 
+@pytest.mark.slow
+@pytest.mark.multiprocess
 @pytest.mark.skipif("fork" not in torch.multiprocessing.get_all_start_methods(), reason="needs fork")
 def test_two_processes_print_the_final_line_once(recipe, tmp_path):
     path, values = recipe

@@ -6,7 +6,6 @@ import json
 
 import pytest
 import torch
-from conftest import CHAT_TEMPLATE
 from published_checkpoints import (
     FAMILY_NAMES,
     NATIVE,
@@ -19,6 +18,7 @@ from published_checkpoints import (
     write_checkpoint,
 )
 from safetensors import safe_open
+from testing_utils import CHAT_TEMPLATE
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from t3d_trl import AutoModelForDiffusionLM, DiffusionConfig, DiffusionGenerationConfig

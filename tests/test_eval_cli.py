@@ -7,7 +7,7 @@ import logging
 
 import pytest
 import yaml
-from conftest import build_bidirectional_model, build_block_causal_model, build_tokenizer
+from testing_utils import build_bidirectional_model, build_block_causal_model, build_tokenizer
 
 from t3d_trl.cli.eval import EvalConfig
 from t3d_trl.cli.main import main

@@ -10,7 +10,6 @@ import json
 
 import pytest
 import torch
-from conftest import build_tokenizer
 from published_checkpoints import (
     END_OF_TURN,
     FAMILY_NAMES,
@@ -24,6 +23,7 @@ from published_checkpoints import (
     sample_ids,
 )
 from safetensors import safe_open
+from testing_utils import build_tokenizer
 from transformers import AutoModelForCausalLM
 
 from t3d_trl import AutoModelForDiffusionLM, DiffusionGenerationMixin

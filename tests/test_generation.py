@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import build_bidirectional_model, build_block_causal_model, build_modernbert_model
+from fast_dllm_port import fast_dllm_generate
+from testing_utils import build_bidirectional_model, build_block_causal_model, build_modernbert_model
 
 from t3d_trl import DiffusionGenerationConfig
 from t3d_trl.generation.remasking import select_dynamic, select_static, transfer_schedule
@@ -314,18 +315,6 @@ def test_generation_config_object_and_overrides(tokenizer):
     assert config.steps == 8  # overrides never mutate the caller's config
 
 
-def _bench_module():
-    """``benchmarks/bench_generation.py``, which holds the independent ports of the upstream samplers."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_generation.py"
-    spec = importlib.util.spec_from_file_location("bench_generation", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _varied_model(tokenizer, shift_logits: bool = False):
     """A tiny bidirectional model with large random weights, so that its predictions depend on the context
     (with the default initialisation it proposes one token everywhere and no approximation shows)."""
@@ -339,7 +328,6 @@ def _varied_model(tokenizer, shift_logits: bool = False):
 @pytest.mark.parametrize("cache", ["prefix", "dual"])
 @pytest.mark.parametrize(("tokens_per_step", "threshold"), [(1, None), (2, None), (None, 0.5)])
 def test_approximate_caches_match_the_fast_dllm_port(tokenizer, cache, tokens_per_step, threshold):
-    bench = _bench_module()
     model = _varied_model(tokenizer)
     mask_id = tokenizer.mask_token_id
     prompt = torch.randint(5, 100, (2, 9), generator=torch.Generator().manual_seed(3))
@@ -347,7 +335,7 @@ def test_approximate_caches_match_the_fast_dllm_port(tokenizer, cache, tokens_pe
     budget = dict(tokens_per_step=tokens_per_step) if threshold is None else dict(threshold=threshold)
     ours = model.diffusion_generate(prompt, cache=cache, **budget, **settings)
     steps = 16 // (tokens_per_step or 1)
-    port, port_nfe = bench.fast_dllm_generate(model, prompt, steps, 16, 8, cache, threshold, mask_id=mask_id)
+    port, port_nfe = fast_dllm_generate(model, prompt, steps, 16, 8, cache, threshold, mask_id=mask_id)
     assert torch.equal(ours.sequences, port)
     # The port counts a step while any row has masks left in the block; ours counts per row.
     assert int(ours.nfe.max()) <= port_nfe and (threshold is not None or ours.nfe.tolist() == [port_nfe] * 2)

@@ -187,6 +187,7 @@ def test_no_gold_changes_meaning_under_normalisation() -> None:
     assert changed == []
 
 
+@pytest.mark.slow
 def test_every_gold_passes_and_a_wrong_answer_fails() -> None:
     """The right answer (as a plain integer where it is one) passes; that integer plus one fails."""
     right_failed, wrong_passed = [], []

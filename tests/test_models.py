@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import build_bidirectional_model, build_block_causal_model, build_modernbert_model, qwen3_config
+from testing_utils import (
+    build_bidirectional_model,
+    build_block_causal_model,
+    build_modernbert_model,
+    qwen3_config,
+)
 from transformers import AutoModelForCausalLM, Qwen3ForCausalLM
 
 from t3d_trl import (

@@ -18,12 +18,29 @@ def _run(code: str) -> str:
     ).stdout
 
 
+@pytest.mark.subprocess
 def test_import_and_command_help_load_no_heavy_library():
     code = (
         "import sys, t3d_trl\n"
         "from t3d_trl.cli.main import main\n"
         "main(['--help'])\n"
         f"print([m for m in {HEAVY!r} if m in sys.modules])"
+    )
+    assert _run(code).strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize("command", ["generate", "eval", "collect"])
+def test_decoding_commands_help_loads_no_heavy_library(command):
+    # The decoding flags come from DiffusionGenerationConfig: reading it must not load torch (issue 26, item 5).
+    # eval and collect are TrlParser-based, so they load TRL and transformers, but never torch's model code.
+    heavy = HEAVY if command == "generate" else ("torch", "datasets")
+    code = (
+        "import sys, contextlib, io\n"
+        "from t3d_trl.cli.main import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    try: main([{command!r}, '--help'])\n"
+        "    except SystemExit: pass\n"
+        f"print([m for m in {heavy!r} if m in sys.modules])"
     )
     assert _run(code).strip().splitlines()[-1] == "[]"
 
@@ -38,6 +55,8 @@ def test_every_public_name_resolves_to_its_module_object(name):
     assert value.__name__ == name and value.__module__.startswith("t3d_trl.")
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_public_names_resolve_in_a_fresh_process_whatever_is_imported_first():
     # Importing a leaf package first once broke on a models <-> generation import cycle (now: no upward import).
     for first in ("t3d_trl.generation", "t3d_trl.demo"):

@@ -8,7 +8,7 @@ import time
 
 import pytest
 import torch
-from conftest import free_port
+from testing_utils import free_port
 
 from t3d_trl.data.prompts import encode_prompts
 from t3d_trl.demo.quickstart import PACKAGED_TEACHERS
@@ -115,7 +115,7 @@ def test_playground_command_binds_locally_and_checks_models_first(monkeypatch, c
 
 
 def test_replay_tab_animates_a_stored_trajectory(tmp_path, tokenizer):
-    from conftest import build_bidirectional_model, build_trajectories
+    from testing_utils import build_bidirectional_model, build_trajectories
 
     from t3d_trl.playground.app import replay_page
 
@@ -200,6 +200,7 @@ def _run(driver, prompt: str) -> None:
     driver.find_element(By.CSS_SELECTOR, "#t3d-run").click()
 
 
+@pytest.mark.slow  # a browser and a server: ~15 s; `make test` and CI run it
 def test_browser_runs_the_sort2_teacher_and_survives_bad_input(browser_page, tmp_path):
     from selenium.webdriver.common.by import By
 

@@ -10,6 +10,7 @@ from t3d_trl.cli.main import main
 from t3d_trl.demo.quickstart import QuickstartConfig
 
 
+@pytest.mark.slow
 def test_quickstart_fast_runs_every_stage(tmp_path, capsys):
     out = tmp_path / "demo"
     argv = ["quickstart", "--fast", "--output_dir", str(out), "--methods", "t3d", "td", "--threads", "1"]
@@ -43,6 +44,7 @@ def test_quickstart_rejects_unknown_methods():
         QuickstartConfig(methods=["t3d", "sft"])
 
 
+@pytest.mark.slow
 def test_packaged_teacher_tc_rises_with_the_jump(tmp_path):
     """The paper's Figure 2 claim on the demo teacher: factorization error grows with the decoding interval."""
     from t3d_trl.analysis import TotalCorrelationConfig, total_correlation

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import datasets
 import pytest
 import yaml
-from conftest import build_bidirectional_model, build_block_causal_model, build_tokenizer
+from testing_utils import build_bidirectional_model, build_block_causal_model, build_tokenizer
 
 from t3d_trl import DiffusionGenerationConfig, TrajectoryMetadata, load_trajectories
 from t3d_trl.cli import collect as collect_cli
@@ -319,6 +319,7 @@ def test_prepare_sft_data_renders_prompts_and_drops_long_rows(prepare_script):
         prepare_script.to_prompt_completion(prepared, tokenizer, "prompt", "answer")
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("single_thread")
 @pytest.mark.parametrize("folder", list(PIPELINES))
 def test_tiny_copies_of_every_stage_run(folder, tmp_path, benchmark_files, prepare_script, capsys):

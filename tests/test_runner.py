@@ -9,7 +9,7 @@ import statistics
 
 import pytest
 import torch
-from conftest import BENCHMARK_ROWS, build_block_causal_model
+from testing_utils import BENCHMARK_ROWS, build_block_causal_model
 
 from t3d_trl import DiffusionGenerationConfig, DiffusionGenerationOutput
 from t3d_trl.data.prompts import render_prompt
@@ -48,7 +48,9 @@ class ScriptedModel(torch.nn.Module):
         script = next(value for key, value in self.scripts.items() if key in prompt)
         return script(generator) if callable(script) else script
 
-    def diffusion_generate(self, input_ids, attention_mask=None, generation_config=None, generator=None):
+    def diffusion_generate(
+        self, input_ids, attention_mask=None, generation_config=None, generator=None, streamer=None
+    ):
         eos = self.tokenizer.eos_token_id
         rows, nfe = [], []
         for ids, mask in zip(input_ids, attention_mask):

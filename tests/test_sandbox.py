@@ -24,6 +24,8 @@ from t3d_trl.evaluation.sandbox import (
     run_programs,
 )
 
+pytestmark = pytest.mark.subprocess  # every program runs in its own interpreter
+
 # Generous limits: the suite runs on small, busy CI machines.
 WORKERS = 8
 HUMANEVAL_TIMEOUT = 20.0

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 import torch
-from conftest import build_bidirectional_model, build_block_causal_model, build_modernbert_model
+from testing_utils import build_bidirectional_model, build_block_causal_model, build_modernbert_model
 
 from t3d_trl import DiffusionIteratorStreamer, DiffusionStreamer, TerminalStreamer
 from t3d_trl.demo.quickstart import PACKAGED_TEACHERS

@@ -29,8 +29,9 @@ from typing import Any
 
 from ..data.prompts import format_user_message
 from ..utils import MissingKeyError, load_data_file
+from .code_extraction import CODE_EXTRACTION_RULES, CodeExtraction, completion_code
 from .math_checker import check_math
-from .sandbox import CODE_EXTRACTION_RULES, CodeExtraction, check_codes, completion_code
+from .sandbox import check_codes
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +39,7 @@ __all__ = [
     "BENCHMARKS",
     "Benchmark",
     "Checker",
+    "check_safely",
     "get_benchmark",
     "list_benchmarks",
     "load_rows",
@@ -346,3 +348,40 @@ register_benchmark(
         code_extraction="entry_point",
     ),
 )
+
+
+def check_safely(
+    benchmark: Benchmark, completions: Sequence[str], examples: Sequence[Mapping[str, Any]]
+) -> tuple[list[bool], list[str | None]]:
+    """``benchmark.check``, where a checker that raises fails only the samples it raises on.
+
+    The batched call comes first; if it raises, each sample is checked alone, and one that still raises is
+    judged incorrect with the error kept (``ExceptionType: message``), so that one bad item does not throw
+    away the run. Returns the verdicts and the errors (``None`` where there was none).
+    """
+    try:
+        return benchmark.check(completions, examples), [None] * len(completions)
+    except Exception as err:  # noqa: BLE001 - a user's checker may raise anything; it is reported per sample
+        logger.warning(
+            "checker of %s raised (%r); checking its %d samples one by one",
+            benchmark.name,
+            err,
+            len(completions),
+        )
+    correct: list[bool] = []
+    errors: list[str | None] = []
+    for completion, example in zip(completions, examples):
+        try:
+            correct.append(benchmark.check([completion], [example])[0])
+            errors.append(None)
+        except Exception as err:  # noqa: BLE001
+            correct.append(False)
+            errors.append(f"{type(err).__name__}: {err}")
+    failed = sum(e is not None for e in errors)
+    if failed:
+        logger.warning(
+            "checker of %s raised on %d samples: judged incorrect, errors kept in the samples",
+            benchmark.name,
+            failed,
+        )
+    return correct, errors

@@ -22,6 +22,7 @@ from typing import Any
 
 __all__ = [
     "accuracy",
+    "aggregate_seeds",
     "estimate_pass_at_k",
     "mean_field",
     "mean_latency",
@@ -30,6 +31,8 @@ __all__ = [
     "mean_std",
     "pass_at_k",
     "pass_at_k_from_records",
+    "pass_k_values",
+    "run_metrics",
     "summarize_records",
     "tokens_per_second",
 ]
@@ -219,3 +222,40 @@ def summarize_records(
     if has(tokens_key):
         summary["mean_output_length"] = mean_output_length(records, tokens_key)
     return summary
+
+
+_PASS_K = (1, 5, 10, 20, 50, 100)
+
+
+def run_metrics(records: Sequence[Any], pass_k: Sequence[int] = ()) -> dict[str, float]:
+    """The metrics of one run (one seed) from its records (attribute access: ``SampleRecord`` objects), as
+    defined in :mod:`t3d_trl.evaluation.runner`'s docstring, plus ``tokens_per_step`` and pass@k."""
+    metrics = summarize_records(records)
+    total_nfe = sum(r.nfe for r in records)
+    if total_nfe:
+        metrics["tokens_per_step"] = sum(r.num_tokens for r in records) / total_nfe
+    if pass_k:
+        metrics.update(pass_at_k_from_records(records, pass_k, task_key="id", passed_key="correct"))
+    return metrics
+
+
+def aggregate_seeds(per_seed: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Mean over seeds of every metric, plus ``<name>_std`` (sample standard deviation) for each."""
+    metrics: dict[str, float] = {}
+    for key in per_seed[0]:
+        mean, std = mean_std(run[key] for run in per_seed)
+        metrics[key] = mean
+        if key != "num_samples":
+            metrics[f"{key}_std"] = std
+    return metrics
+
+
+def pass_k_values(num_samples: int, pass_k: Sequence[int] | None) -> list[int]:
+    """The ``k`` of pass@k for ``num_samples`` samples per problem: ``pass_k`` checked, or by default 1, 5, 10,
+    20, 50, 100 up to ``num_samples`` and ``num_samples`` itself (none for one sample)."""
+    if pass_k is None:
+        return sorted({k for k in _PASS_K if k <= num_samples} | {num_samples}) if num_samples > 1 else []
+    bad = [k for k in pass_k if not 1 <= k <= num_samples]
+    if bad:
+        raise ValueError(f"pass@k needs 1 <= k <= num_samples={num_samples}, got k={bad}")
+    return sorted(set(pass_k))

@@ -24,13 +24,10 @@ Metric definitions (per run; averaged over seeds when there are several):
 from __future__ import annotations
 
 import gc
-import json
 import logging
 import math
-import os
-import re
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -41,9 +38,20 @@ from tqdm.auto import tqdm
 from ..data.prompts import encode_prompts
 from ..generation.configuration import DiffusionGenerationConfig
 from ..generation.sampler import eos_token_ids, left_pad
-from ..models.forward import accepts_4d_mask
-from .benchmarks import Benchmark, get_benchmark
-from .metrics import mean_std, pass_at_k_from_records, summarize_records
+from .benchmarks import Benchmark, check_safely, get_benchmark
+from .grid import DecodingSetting, check_run_settings, grid_benchmarks, grid_settings, load_examples
+from .metrics import aggregate_seeds, pass_k_values, run_metrics
+from .results import (
+    GridResult,
+    merge_settings,
+    model_fingerprint,
+    plan_runs,
+    read_results,
+    run_key,
+    safe_name,
+    write_jsonl,
+    write_results,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -59,8 +67,6 @@ __all__ = [
     "load_model",
     "run_grid",
 ]
-
-_PASS_K = (1, 5, 10, 20, 50, 100)
 
 
 # ------------------------------------------------------------------------------------------------ generation
@@ -219,72 +225,27 @@ class EvalResult:
         return data
 
 
-def run_metrics(records: Sequence[SampleRecord], pass_k: Sequence[int] = ()) -> dict[str, float]:
-    """The metrics of one run (one seed) from its records; see the module docstring."""
-    metrics = summarize_records(records)
-    total_nfe = sum(r.nfe for r in records)
-    if total_nfe:
-        metrics["tokens_per_step"] = sum(r.num_tokens for r in records) / total_nfe
-    if pass_k:
-        metrics.update(pass_at_k_from_records(records, pass_k, task_key="id", passed_key="correct"))
-    return metrics
-
-
-def aggregate_seeds(per_seed: Sequence[Mapping[str, float]]) -> dict[str, float]:
-    """Mean over seeds of every metric, plus ``<name>_std`` (sample standard deviation) for each."""
-    metrics: dict[str, float] = {}
-    for key in per_seed[0]:
-        mean, std = mean_std(run[key] for run in per_seed)
-        metrics[key] = mean
-        if key != "num_samples":
-            metrics[f"{key}_std"] = std
-    return metrics
-
-
-def _pass_k(num_samples: int, pass_k: Sequence[int] | None) -> list[int]:
-    if pass_k is None:
-        return sorted({k for k in _PASS_K if k <= num_samples} | {num_samples}) if num_samples > 1 else []
-    bad = [k for k in pass_k if not 1 <= k <= num_samples]
-    if bad:
-        raise ValueError(f"pass@k needs 1 <= k <= num_samples={num_samples}, got k={bad}")
-    return sorted(set(pass_k))
-
-
-def check_safely(
-    benchmark: Benchmark, completions: Sequence[str], examples: Sequence[Mapping[str, Any]]
-) -> tuple[list[bool], list[str | None]]:
-    """``benchmark.check``, where a checker that raises fails only the samples it raises on.
-
-    The batched call comes first; if it raises, each sample is checked alone, and one that still raises is
-    judged incorrect with the error kept (``ExceptionType: message``), so that one bad item does not throw
-    away the run. Returns the verdicts and the errors (``None`` where there was none).
-    """
-    try:
-        return benchmark.check(completions, examples), [None] * len(completions)
-    except Exception as err:  # noqa: BLE001 - a user's checker may raise anything; it is reported per sample
-        logger.warning(
-            "checker of %s raised (%r); checking its %d samples one by one",
-            benchmark.name,
-            err,
-            len(completions),
+def _seed_records(
+    benchmark: Benchmark, items: Sequence[tuple[Mapping[str, Any], int]], out: Generations, seed: int
+) -> list[SampleRecord]:
+    """One seed's completions of ``items`` (``(example, sample index)``), checked, as records."""
+    correct, errors = check_safely(benchmark, out.completions, [example for example, _ in items])
+    return [
+        SampleRecord(
+            id=str(example["id"]),
+            seed=seed,
+            sample=s,
+            prompt=out.prompts[i],
+            completion=out.completions[i],
+            correct=correct[i],
+            num_tokens=out.num_tokens[i],
+            nfe=out.nfe[i],
+            finished=out.finished[i],
+            latency=out.latency[i],
+            error=errors[i],
         )
-    correct: list[bool] = []
-    errors: list[str | None] = []
-    for completion, example in zip(completions, examples):
-        try:
-            correct.append(benchmark.check([completion], [example])[0])
-            errors.append(None)
-        except Exception as err:  # noqa: BLE001
-            correct.append(False)
-            errors.append(f"{type(err).__name__}: {err}")
-    failed = sum(e is not None for e in errors)
-    if failed:
-        logger.warning(
-            "checker of %s raised on %d samples: judged incorrect, errors kept in the samples",
-            benchmark.name,
-            failed,
-        )
-    return correct, errors
+        for i, (example, s) in enumerate(items)
+    ]
 
 
 def evaluate_model(
@@ -333,7 +294,7 @@ def evaluate_model(
         raise ValueError("seeds must hold at least one seed")
     if num_samples < 1:
         raise ValueError(f"num_samples must be positive, got {num_samples}")
-    ks = _pass_k(num_samples, pass_k)
+    ks = pass_k_values(num_samples, pass_k)
     if examples is None:
         examples = benchmark.load(data_files, limit)
     elif limit is not None:
@@ -372,23 +333,7 @@ def evaluate_model(
             progress=progress,
             desc=f"{benchmark.name} seed {seed}",
         )
-        correct, errors = check_safely(benchmark, out.completions, [example for example, _ in items])
-        run = [
-            SampleRecord(
-                id=str(example["id"]),
-                seed=seed,
-                sample=s,
-                prompt=out.prompts[i],
-                completion=out.completions[i],
-                correct=correct[i],
-                num_tokens=out.num_tokens[i],
-                nfe=out.nfe[i],
-                finished=out.finished[i],
-                latency=out.latency[i],
-                error=errors[i],
-            )
-            for i, (example, s) in enumerate(items)
-        ]
+        run = _seed_records(benchmark, items, out, seed)
         records.extend(run)
         per_seed.append(run_metrics(run, ks))
     return EvalResult(
@@ -398,81 +343,6 @@ def evaluate_model(
         per_seed=per_seed,
         records=records,
     )
-
-
-# ------------------------------------------------------------------------------------------------ grid
-@dataclass(frozen=True)
-class DecodingSetting:
-    """One decoding budget of the grid.
-
-    Static: ``block_length`` and ``tokens_per_step`` (TokPS; ``block_length / tokens_per_step`` steps per
-    block). Dynamic: ``block_length`` and a confidence ``threshold`` (one token per step at least, the
-    paper's "block 4, 4 steps per block, threshold 0.9").
-    """
-
-    block_length: int
-    tokens_per_step: int = 1
-    threshold: float | None = None
-    steps: int | None = None  # static budget as total denoising steps instead of TokPS
-
-    @property
-    def label(self) -> str:
-        if self.steps is not None:
-            return f"block{self.block_length}-steps{self.steps}"
-        if self.threshold is not None:
-            return f"block{self.block_length}-threshold{self.threshold:g}"
-        return f"block{self.block_length}-tokps{self.tokens_per_step}"
-
-    def overrides(self) -> dict[str, Any]:
-        """``DiffusionGenerationConfig`` fields of this setting."""
-        if self.steps is not None:
-            return {"block_length": self.block_length, "steps": self.steps, "threshold": None}
-        return {
-            "block_length": self.block_length,
-            "tokens_per_step": self.tokens_per_step,
-            "threshold": self.threshold,
-        }
-
-
-def grid_settings(
-    block_lengths: Iterable[int],
-    tokens_per_step: Iterable[int] = (),
-    thresholds: Iterable[float] = (),
-    steps: Iterable[int] = (),
-) -> list[DecodingSetting]:
-    """Every (block length, TokPS), (block length, steps) and (block length, threshold) pair.
-
-    A TokPS that does not divide the block length has no static schedule; such pairs are skipped with a
-    warning (the grid is a cartesian product, so mixed block lengths often produce a few).
-    """
-    settings = []
-    tokens_per_step, thresholds, steps = list(tokens_per_step), list(thresholds), list(steps)
-    for block in block_lengths:
-        if block < 1:
-            raise ValueError(f"block lengths must be positive, got {block}")
-        for tokps in tokens_per_step:
-            if tokps < 1:
-                raise ValueError(f"tokens_per_step values must be positive, got {tokps}")
-            if block % tokps:
-                logger.warning(
-                    "skipping block_length=%d with tokens_per_step=%d: %d does not divide it",
-                    block,
-                    tokps,
-                    tokps,
-                )
-                continue
-            settings.append(DecodingSetting(block, tokps))
-        for threshold in thresholds:
-            if not 0 < threshold <= 1:
-                raise ValueError(f"thresholds must be in (0, 1], got {threshold}")
-            settings.append(DecodingSetting(block, 1, float(threshold)))
-        for total in steps:
-            if total < 1:
-                raise ValueError(f"steps values must be positive, got {total}")
-            settings.append(DecodingSetting(block, 1, None, total))
-    if not settings:
-        raise ValueError("the grid is empty: give block lengths with tokens_per_step values or thresholds")
-    return settings
 
 
 def load_model(path: str, dtype: str = "auto", device: str | None = None) -> tuple[torch.nn.Module, Any]:
@@ -499,138 +369,6 @@ def load_model(path: str, dtype: str = "auto", device: str | None = None) -> tup
             raise
         tokenizer = AutoTokenizer.from_pretrained(base)
     return model, tokenizer
-
-
-@dataclass
-class GridResult:
-    """Everything :func:`run_grid` measured.
-
-    Attributes:
-        settings: how the grid was run (models, benchmarks, decoding settings, seeds, ...).
-        results: one entry per (model, benchmark, setting): ``model``, ``benchmark``, ``setting`` (its fields
-            and ``label``), ``generation_config``, ``metrics``, ``per_seed`` and ``samples_file`` (JSON lines
-            of the records, relative to the output folder; ``None`` without one).
-    """
-
-    settings: dict[str, Any]
-    results: list[dict[str, Any]]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"settings": self.settings, "results": self.results}
-
-    def metric(self, model: str, benchmark: str, setting: str, name: str = "accuracy") -> float:
-        """One number of the grid, e.g. ``grid.metric("t3d", "GSM8K", "block4-tokps2")``."""
-        for entry in self.results:
-            if (entry["model"], entry["benchmark"], entry["setting"]["label"]) == (model, benchmark, setting):
-                return entry["metrics"][name]
-        raise KeyError(f"no result for model={model!r}, benchmark={benchmark!r}, setting={setting!r}")
-
-
-def _write_jsonl(path: Path, rows: Iterable[Mapping[str, Any]]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
-
-
-def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "model"
-
-
-def _check_run_settings(
-    models: Mapping[str, Any],
-    settings: Sequence[DecodingSetting],
-    generation_kwargs: Mapping[str, Any],
-    limit: int | None,
-    batch_size: int,
-    seeds: Sequence[int],
-    num_samples: int,
-    tokenizer: Any,
-) -> None:
-    """Everything :func:`run_grid` can check before the first generation (one error, naming the value)."""
-    from ..models.auto import adapter_base_model, check_model_source, read_model_kind
-
-    if limit is not None and limit < 1:
-        raise ValueError(f"limit must be a positive number of problems, got {limit}")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be positive, got {batch_size}")
-    if not list(seeds):
-        raise ValueError("seeds must hold at least one seed")
-    if num_samples < 1:
-        raise ValueError(f"num_samples must be positive, got {num_samples}")
-    for setting in settings:  # over the class defaults: each model's own defaults are checked when it loads
-        try:
-            config = DiffusionGenerationConfig().update(**{**generation_kwargs, **setting.overrides()})
-            if "max_new_tokens" in generation_kwargs:  # else each model's saved length decides
-                config.resolve(None)
-        except (TypeError, ValueError) as err:
-            raise ValueError(
-                f"decoding setting {setting.label} with {dict(generation_kwargs)}: {err}"
-            ) from err
-    for name, spec in models.items():
-        if isinstance(spec, str):
-            try:
-                check_model_source(spec)
-                base = adapter_base_model(spec)
-                if base is not None:
-                    check_model_source(base)
-            except FileNotFoundError as err:
-                raise FileNotFoundError(f"model {name!r}: {err}") from err
-            # Settings that depend on the model (a block-causal model refuses an approximate cache), from its
-            # config alone: every model is checked before the first generation.
-            try:
-                DiffusionGenerationConfig().update(**generation_kwargs).check_model(*read_model_kind(spec))
-            except ValueError as err:
-                raise ValueError(f"model {name!r} ({spec}): {err}") from err
-        else:
-            if not isinstance(spec, tuple) and tokenizer is None:
-                raise ValueError(
-                    f"model {name!r} was given as an object without a tokenizer: pass tokenizer=..."
-                )
-            model = spec[0] if isinstance(spec, tuple) else spec
-            try:
-                config = model.diffusion_generation_config.update(**generation_kwargs)
-                if config.cache_implementation is not None:
-                    config.check_model(model.diffusion_config.is_block_causal, accepts_4d_mask(model))
-            except ValueError as err:
-                raise ValueError(f"model {name!r}: {err}") from err
-
-
-def _entry_id(entry: Mapping[str, Any]) -> tuple[str, str, str]:
-    return entry["model"], entry["benchmark"], entry["setting"]["label"]
-
-
-def _read_results(output: Path) -> GridResult | None:
-    path = output / "results.json"
-    if not path.exists():
-        return None
-    try:
-        data = json.loads(path.read_text())
-        return GridResult(settings=data["settings"], results=list(data["results"]))
-    except (json.JSONDecodeError, KeyError, TypeError) as err:
-        raise ValueError(
-            f"{path} is not a results file of t3d-trl eval ({err}); move it away or use another output_dir"
-        ) from err
-
-
-def _write_results(output: Path, grid: GridResult) -> None:
-    # Written beside, then moved into place: a crash mid-write never leaves a truncated results.json.
-    output.mkdir(parents=True, exist_ok=True)
-    tmp = output / ".results.json.tmp"
-    tmp.write_text(json.dumps(grid.to_dict(), indent=2))
-    os.replace(tmp, output / "results.json")
-
-
-def _merge_settings(earlier: GridResult, current: GridResult) -> GridResult:
-    """Earlier results kept, the grid description the union of both (models, benchmarks, decoding)."""
-    old, new = earlier.settings, current.settings
-    merged = dict(new)
-    merged["models"] = {**old.get("models", {}), **new["models"]}
-    merged["benchmarks"] = list(dict.fromkeys([*old.get("benchmarks", []), *new["benchmarks"]]))
-    labels = {d["label"] for d in new["decoding"]}
-    merged["decoding"] = [d for d in old.get("decoding", []) if d["label"] not in labels] + new["decoding"]
-    merged["data_files"] = {**old.get("data_files", {}), **new["data_files"]}
-    return GridResult(settings=merged, results=list(earlier.results))
 
 
 def run_grid(
@@ -673,7 +411,9 @@ def run_grid(
             records), ``table.md`` and the plots are written there (:func:`t3d_trl.evaluation.report.write_report`).
             A rerun into the same folder keeps every result already there: a run of the grid whose model
             path, benchmark, decoding setting and run settings (data file, limit, seeds, samples, generation
-            settings, chat template, dtype) match a finished one is skipped (and logged); others replace it.
+            settings, chat template, dtype) match a finished one is skipped (and logged), unless the model's
+            fingerprint (its weights and saved settings) changed since: then it is evaluated again, with a
+            warning (:mod:`t3d_trl.evaluation.results`). Others replace it.
         progress: show progress bars.
         code_extraction: see :func:`evaluate_model`.
 
@@ -682,132 +422,152 @@ def run_grid(
     if not models:
         raise ValueError("models must name at least one model")
     settings = grid_settings(block_lengths, tokens_per_step, thresholds, steps)
-    benchmarks = [get_benchmark(b).with_code_extraction(code_extraction) for b in benchmarks]
-    if not benchmarks:
-        raise ValueError("benchmarks must name at least one benchmark")
-    data_files = {get_benchmark(name).name: path for name, path in (data_files or {}).items()}
-    unused = sorted(set(data_files) - {b.name for b in benchmarks})
-    if unused:  # a recipe may list every local copy and a run evaluate a few: not an error
-        logger.warning("data_files of benchmark(s) %s are not used: they are not evaluated", unused)
+    benchmarks, data_files = grid_benchmarks(benchmarks, data_files, code_extraction)
     generation_kwargs = dict(generation_kwargs or {})
-    _check_run_settings(models, settings, generation_kwargs, limit, batch_size, seeds, num_samples, tokenizer)
-    examples = {b.name: b.load(data_files.get(b.name), limit) for b in benchmarks}
-    for benchmark in benchmarks:  # every prompt can be built (a template may name a column the data lacks)
-        for example in examples[benchmark.name]:
-            benchmark.user_message(example)
-    output = Path(output_dir) if output_dir is not None else None
-    grid = GridResult(
-        settings={
+    check_run_settings(models, settings, generation_kwargs, limit, batch_size, seeds, num_samples, tokenizer)
+    examples = load_examples(benchmarks, data_files, limit)
+    run = _GridRun(
+        grid=GridResult(settings={}, results=[]),
+        output=Path(output_dir) if output_dir is not None else None,
+        examples=examples,
+        data_files=data_files,
+        generation_kwargs=generation_kwargs,
+        tokenizer=tokenizer,
+        dtype=dtype,
+        device=device,
+        batch_size=batch_size,
+        seeds=list(seeds),
+        num_samples=num_samples,
+        use_chat_template=use_chat_template,
+        progress=progress,
+    )
+    run.grid.settings = run.describe(models, benchmarks, settings, limit, code_extraction)
+    earlier = read_results(run.output) if run.output is not None else None
+    if earlier is not None:  # a rerun into the same output_dir keeps every earlier result
+        run.grid = merge_settings(earlier, run.grid)
+    todo = plan_runs(
+        run.grid,
+        models,
+        (
+            (name, b, s, run.key(spec, b, s))
+            for name, spec in models.items()
+            for b in benchmarks
+            for s in settings
+        ),
+        run.output,
+    )
+    bar = tqdm(total=sum(len(runs) for runs in todo.values()), desc="grid", unit="run", disable=not progress)
+    for name, spec in models.items():
+        if todo[name]:
+            run.evaluate(name, spec, todo[name], bar)
+    bar.close()
+    if run.output is not None:
+        from .report import write_report
+
+        write_results(run.output, run.grid)
+        write_report(run.grid.results, run.output)
+    return run.grid
+
+
+@dataclass
+class _GridRun:
+    """The state of one :func:`run_grid` call that its steps share (the grid so far and how to run it)."""
+
+    grid: GridResult
+    output: Path | None
+    examples: dict[str, list[dict[str, Any]]]
+    data_files: dict[str, str | Path]
+    generation_kwargs: dict[str, Any]
+    tokenizer: Any
+    dtype: str
+    device: str | None
+    batch_size: int
+    seeds: list[int]
+    num_samples: int
+    use_chat_template: bool
+    progress: bool
+
+    def describe(
+        self,
+        models: Mapping[str, Any],
+        benchmarks: Sequence[Benchmark],
+        settings: Sequence[DecodingSetting],
+        limit: int | None,
+        code_extraction: str | None,
+    ) -> dict[str, Any]:
+        """The ``settings`` of ``results.json``."""
+        return {
             "models": {
                 name: spec if isinstance(spec, str) else type(spec).__name__ for name, spec in models.items()
             },
             "benchmarks": [b.name for b in benchmarks],
             "decoding": [{**asdict(s), "label": s.label} for s in settings],
-            "generation_kwargs": generation_kwargs,
-            "data_files": {name: str(path) for name, path in data_files.items()},
+            "generation_kwargs": self.generation_kwargs,
+            "data_files": {name: str(path) for name, path in self.data_files.items()},
             "limit": limit,
-            "batch_size": batch_size,
-            "seeds": list(seeds),
-            "num_samples": num_samples,
-            "use_chat_template": use_chat_template,
-            "dtype": dtype,
+            "batch_size": self.batch_size,
+            "seeds": self.seeds,
+            "num_samples": self.num_samples,
+            "use_chat_template": self.use_chat_template,
+            "dtype": self.dtype,
             "code_extraction": code_extraction,
-        },
-        results=[],
-    )
-    # A rerun into the same output_dir keeps every earlier result and skips the runs it already finished.
-    earlier = _read_results(output) if output is not None else None
-    if earlier is not None:
-        grid = _merge_settings(earlier, grid)
-
-    def run_key(
-        name: str, spec: Any, benchmark: Benchmark, setting: DecodingSetting
-    ) -> dict[str, Any] | None:
-        if not isinstance(spec, str):
-            return None  # an object cannot be recognised again: always evaluated
-        return {
-            "model": spec,
-            "benchmark": benchmark.name,
-            "setting": setting.label,
-            "data_file": str(data_files[benchmark.name]) if benchmark.name in data_files else None,
-            **{k: grid.settings[k] for k in ("generation_kwargs", "limit", "seeds", "num_samples")},
-            **{k: grid.settings[k] for k in ("use_chat_template", "dtype")},
         }
 
-    def finished(name: str, key: dict[str, Any] | None) -> bool:
-        return key is not None and any(
-            entry["model"] == name and entry.get("run_key") == key for entry in grid.results
+    def key(self, spec: Any, benchmark: Benchmark, setting: DecodingSetting) -> dict[str, Any] | None:
+        return run_key(
+            spec, benchmark.name, setting.label, self.data_files.get(benchmark.name), self.grid.settings
         )
 
-    todo = {
-        name: [
-            (benchmark, setting)
-            for benchmark in benchmarks
-            for setting in settings
-            if not finished(name, run_key(name, spec, benchmark, setting))
-        ]
-        for name, spec in models.items()
-    }
-    skipped = len(models) * len(benchmarks) * len(settings) - sum(len(runs) for runs in todo.values())
-    if skipped:
-        logger.info("skipping %d run(s) already finished in %s", skipped, output / "results.json")
-    bar = tqdm(total=sum(len(runs) for runs in todo.values()), desc="grid", unit="run", disable=not progress)
-    for name, spec in models.items():
-        if not todo[name]:
-            continue
+    def load(self, spec: Any) -> tuple[torch.nn.Module, Any]:
         if isinstance(spec, str):
-            model, model_tokenizer = load_model(spec, dtype, device)
-        elif isinstance(spec, tuple):
-            model, model_tokenizer = spec
-        else:
-            model, model_tokenizer = spec, tokenizer
-        base = model.diffusion_generation_config.update(**generation_kwargs)
-        warmup = True  # once per model
-        for benchmark, setting in todo[name]:
+            return load_model(spec, self.dtype, self.device)
+        if isinstance(spec, tuple):
+            return spec
+        return spec, self.tokenizer
+
+    def evaluate(
+        self, name: str, spec: Any, runs: Sequence[tuple[Benchmark, DecodingSetting]], bar: Any
+    ) -> None:
+        """One model's runs, each recorded (and ``results.json`` rewritten) as soon as it finishes."""
+        model, tokenizer = self.load(spec)
+        # Taken after loading: a Hub model is in the local cache only now.
+        fingerprint = model_fingerprint(spec) if isinstance(spec, str) else None
+        base = model.diffusion_generation_config.update(**self.generation_kwargs)
+        for i, (benchmark, setting) in enumerate(runs):
             bar.set_postfix_str(f"{name} / {benchmark.name} / {setting.label}")
             result = evaluate_model(
                 model,
-                model_tokenizer,
+                tokenizer,
                 benchmark,
                 base.update(**setting.overrides()),
-                examples=examples[benchmark.name],
-                batch_size=batch_size,
-                seeds=seeds,
-                num_samples=num_samples,
-                use_chat_template=use_chat_template,
-                warmup=warmup,
-                progress=progress,
+                examples=self.examples[benchmark.name],
+                batch_size=self.batch_size,
+                seeds=self.seeds,
+                num_samples=self.num_samples,
+                use_chat_template=self.use_chat_template,
+                warmup=i == 0,  # once per model
+                progress=self.progress,
             )
-            warmup = False
             samples_file = None
-            if output is not None:
-                samples_file = f"samples/{_safe(name)}/{_safe(benchmark.name)}/{setting.label}.jsonl"
-                _write_jsonl(output / samples_file, (asdict(record) for record in result.records))
-            entry = {
-                "model": name,
-                "benchmark": benchmark.name,
-                "setting": {**asdict(setting), "label": setting.label},
-                **result.to_dict(records=False),
-                "samples_file": samples_file,
-                "run_key": run_key(name, spec, benchmark, setting),
-            }
-            same = [i for i, e in enumerate(grid.results) if _entry_id(e) == _entry_id(entry)]
-            if same:  # the same run with other settings: replaced where it stood (the table keeps its order)
-                grid.results[same[0]] = entry
-            else:
-                grid.results.append(entry)
-            if output is not None:
-                _write_results(output, grid)
+            if self.output is not None:
+                samples_file = f"samples/{safe_name(name)}/{safe_name(benchmark.name)}/{setting.label}.jsonl"
+                write_jsonl(self.output / samples_file, (asdict(record) for record in result.records))
+            self.grid.record(
+                {
+                    "model": name,
+                    "benchmark": benchmark.name,
+                    "setting": {**asdict(setting), "label": setting.label},
+                    **result.to_dict(records=False),
+                    "samples_file": samples_file,
+                    "run_key": self.key(spec, benchmark, setting),
+                    "model_fingerprint": fingerprint,
+                }
+            )
+            if self.output is not None:
+                write_results(self.output, self.grid)
             bar.update()
         if isinstance(spec, str):  # loaded here: release it before the next one
             del model
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
-    bar.close()
-    if output is not None:
-        from .report import write_report
-
-        _write_results(output, grid)
-        write_report(grid.results, output)
-    return grid

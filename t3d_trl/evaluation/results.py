@@ -1,0 +1,228 @@
+"""The results of an evaluation grid: ``results.json`` and ``samples/``, merging a rerun, resuming, fingerprints.
+
+:func:`t3d_trl.evaluation.runner.run_grid` writes ``results.json`` after every run (atomically), so a rerun into
+the same folder keeps every earlier result and skips the runs it already finished. A run counts as finished when
+its *run key* (model path, benchmark, decoding setting, data file, limit, seeds, samples, generation settings,
+chat template, dtype) matches an entry's and the model is still the one that entry describes: each entry records
+the :func:`model_fingerprint` of its model (its weights and the decoding settings saved with it), and a model
+whose fingerprint changed (retrained, edited, replaced) is evaluated again, with one warning that says so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["GridResult", "model_fingerprint"]
+
+RESULTS_FILE = "results.json"
+# Files up to this size are hashed whole (configs, decoding defaults, tokenizers); larger ones (weights) by
+# their size, modification time and first bytes (a safetensors header: names, dtypes, shapes, offsets).
+_HASHED_WHOLE_BYTES = 16 * 1024 * 1024
+_HEAD_BYTES = 1024 * 1024
+
+
+@dataclass
+class GridResult:
+    """Everything :func:`~t3d_trl.evaluation.runner.run_grid` measured.
+
+    Attributes:
+        settings: how the grid was run (models, benchmarks, decoding settings, seeds, ...).
+        results: one entry per (model, benchmark, setting): ``model``, ``benchmark``, ``setting`` (its fields
+            and ``label``), ``generation_config``, ``metrics``, ``per_seed``, ``samples_file`` (JSON lines
+            of the records, relative to the output folder; ``None`` without one), ``run_key`` and
+            ``model_fingerprint`` (see the module docstring; ``None`` for a model given as an object).
+    """
+
+    settings: dict[str, Any]
+    results: list[dict[str, Any]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"settings": self.settings, "results": self.results}
+
+    def metric(self, model: str, benchmark: str, setting: str, name: str = "accuracy") -> float:
+        """One number of the grid, e.g. ``grid.metric("t3d", "GSM8K", "block4-tokps2")``."""
+        for entry in self.results:
+            if (entry["model"], entry["benchmark"], entry["setting"]["label"]) == (model, benchmark, setting):
+                return entry["metrics"][name]
+        raise KeyError(f"no result for model={model!r}, benchmark={benchmark!r}, setting={setting!r}")
+
+    def record(self, entry: dict[str, Any]) -> None:
+        """Add a run's entry; the same (model, benchmark, setting) run with other settings is replaced where it
+        stood (the table keeps its order)."""
+        same = [i for i, e in enumerate(self.results) if _entry_id(e) == _entry_id(entry)]
+        if same:
+            self.results[same[0]] = entry
+        else:
+            self.results.append(entry)
+
+
+# ------------------------------------------------------------------------------------------------ files
+def write_jsonl(path: Path, rows: Iterable[Mapping[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+
+
+def safe_name(name: str) -> str:
+    """``name`` as one path component (``samples/<model>/<benchmark>/``)."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "model"
+
+
+def _entry_id(entry: Mapping[str, Any]) -> tuple[str, str, str]:
+    return entry["model"], entry["benchmark"], entry["setting"]["label"]
+
+
+def read_results(output: Path) -> GridResult | None:
+    """The ``results.json`` of an earlier run into ``output``; ``None`` when there is none."""
+    path = output / RESULTS_FILE
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+        return GridResult(settings=data["settings"], results=list(data["results"]))
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise ValueError(
+            f"{path} is not a results file of t3d-trl eval ({err}); move it away or use another output_dir"
+        ) from err
+
+
+def write_results(output: Path, grid: GridResult) -> None:
+    # Written beside, then moved into place: a crash mid-write never leaves a truncated results.json.
+    output.mkdir(parents=True, exist_ok=True)
+    tmp = output / f".{RESULTS_FILE}.tmp"
+    tmp.write_text(json.dumps(grid.to_dict(), indent=2))
+    os.replace(tmp, output / RESULTS_FILE)
+
+
+def merge_settings(earlier: GridResult, current: GridResult) -> GridResult:
+    """Earlier results kept, the grid description the union of both (models, benchmarks, decoding)."""
+    old, new = earlier.settings, current.settings
+    merged = dict(new)
+    merged["models"] = {**old.get("models", {}), **new["models"]}
+    merged["benchmarks"] = list(dict.fromkeys([*old.get("benchmarks", []), *new["benchmarks"]]))
+    labels = {d["label"] for d in new["decoding"]}
+    merged["decoding"] = [d for d in old.get("decoding", []) if d["label"] not in labels] + new["decoding"]
+    merged["data_files"] = {**old.get("data_files", {}), **new["data_files"]}
+    return GridResult(settings=merged, results=list(earlier.results))
+
+
+# ------------------------------------------------------------------------------------------------ fingerprints
+def _model_folder(name_or_path: str) -> str | None:
+    """The folder that holds a checkpoint: the path itself, or a Hub repo's snapshot in the local cache."""
+    if os.path.isdir(name_or_path):
+        return name_or_path
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(name_or_path, "config.json")
+        if not isinstance(cached, str):
+            cached = try_to_load_from_cache(name_or_path, "adapter_config.json")
+    except Exception:  # noqa: BLE001 - not a repo id, or no cache: no fingerprint (evaluated again)
+        return None
+    return os.path.dirname(cached) if isinstance(cached, str) else None
+
+
+def _hash_file(digest: Any, path: str) -> None:
+    stat = os.stat(path)  # follows the Hub cache's symlinks to their blobs
+    with open(path, "rb") as f:
+        if stat.st_size <= _HASHED_WHOLE_BYTES:
+            digest.update(f.read())
+        else:  # a retrained model keeps its header but never its modification time
+            digest.update(f"{stat.st_size}:{stat.st_mtime_ns}:".encode())
+            digest.update(f.read(_HEAD_BYTES))
+
+
+def model_fingerprint(name_or_path: str) -> str | None:
+    """A cheap digest that changes whenever a checkpoint's weights or saved settings change.
+
+    Every file at the top of the checkpoint's folder counts (subfolders such as ``checkpoint-*`` do not): files
+    up to 16 MiB (``config.json`` with its diffusion and decoding defaults, tokenizer files, small weights) by
+    their bytes, larger ones (weights) by size, modification time and first MiB, so that fingerprinting an 8 GB
+    model reads 1 MiB per file. A ``peft`` adapter's fingerprint includes its base model's. A Hub repo id is
+    fingerprinted through its snapshot in the local cache. ``None`` when there is no local copy yet.
+    """
+    folder = _model_folder(name_or_path)
+    if folder is None:
+        return None
+    digest = hashlib.sha256()
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name)
+        if os.path.isfile(path):
+            digest.update(name.encode() + b"\0")
+            _hash_file(digest, path)
+    from ..models.auto import adapter_base_model
+
+    try:
+        base = adapter_base_model(folder)
+    except ValueError:
+        base = None
+    if base is not None:
+        digest.update(f"base:{model_fingerprint(base)}".encode())
+    return digest.hexdigest()
+
+
+# ------------------------------------------------------------------------------------------------ resume
+def run_key(
+    spec: Any, benchmark: str, setting: str, data_file: str | Path | None, settings: Mapping[str, Any]
+) -> dict[str, Any] | None:
+    """What identifies a finished run of a model given by path (``None`` for an object: never recognised)."""
+    if not isinstance(spec, str):
+        return None
+    return {
+        "model": spec,
+        "benchmark": benchmark,
+        "setting": setting,
+        "data_file": str(data_file) if data_file is not None else None,
+        **{k: settings[k] for k in ("generation_kwargs", "limit", "seeds", "num_samples")},
+        **{k: settings[k] for k in ("use_chat_template", "dtype")},
+    }
+
+
+def plan_runs(
+    grid: GridResult,
+    models: Mapping[str, Any],
+    runs: Iterable[tuple[str, Any, Any, dict[str, Any] | None]],
+    output: Path | None,
+) -> dict[str, list[tuple[Any, Any]]]:
+    """The ``(benchmark, setting)`` runs each model still needs, out of ``runs``: ``(model name, benchmark,
+    setting, run key)``. A run is skipped when an earlier entry of the same model has its key and the model's
+    fingerprint is unchanged; a model whose fingerprint changed is evaluated again (one warning per model)."""
+    fingerprints = {name: model_fingerprint(spec) for name, spec in models.items() if isinstance(spec, str)}
+    todo: dict[str, list[tuple[Any, Any]]] = {name: [] for name in models}
+    skipped = 0
+    changed: dict[str, int] = {}
+    for name, benchmark, setting, key in runs:
+        earlier = [
+            e for e in grid.results if key is not None and e["model"] == name and e.get("run_key") == key
+        ]
+        fingerprint = fingerprints.get(name)
+        if earlier and fingerprint is not None and earlier[-1].get("model_fingerprint") == fingerprint:
+            skipped += 1
+            continue
+        if earlier:
+            changed[name] = changed.get(name, 0) + 1
+        todo[name].append((benchmark, setting))
+    where = output / RESULTS_FILE if output is not None else RESULTS_FILE
+    for name, count in changed.items():
+        logger.warning(
+            "model %r (%s) changed since its results in %s (weights or saved settings): evaluating its %d "
+            "finished run(s) again",
+            name,
+            models[name],
+            where,
+            count,
+        )
+    if skipped:
+        logger.info("skipping %d run(s) already finished in %s", skipped, where)
+    return todo

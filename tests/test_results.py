@@ -1,0 +1,134 @@
+"""The grid's results (t3d_trl.evaluation.results): model fingerprints, and a rerun that never skips a changed model."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import pytest
+import torch
+from testing_utils import build_block_causal_model
+
+from t3d_trl.evaluation import results as results_module
+from t3d_trl.evaluation import runner
+from t3d_trl.evaluation.results import GridResult, model_fingerprint, plan_runs
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+@pytest.fixture
+def saved_model(tmp_path, tokenizer):
+    """A tiny block-causal checkpoint saved with its tokenizer: ``(model, path)``."""
+    model = build_block_causal_model(tokenizer, max_position_embeddings=1024)
+    path = tmp_path / "model"
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return model, path
+
+
+def retrain(model, path) -> None:
+    """Save new weights of the same shapes (the header of model.safetensors stays the same) into ``path``."""
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.01)
+    model.save_pretrained(path)
+
+
+def test_fingerprint_changes_with_weights_and_saved_settings_only(saved_model, monkeypatch):
+    model, path = saved_model
+    first = model_fingerprint(str(path))
+    assert first == model_fingerprint(str(path))  # nothing changed: the same digest
+    (path / "checkpoint-1").mkdir()  # a subfolder (a training checkpoint) does not count
+    (path / "checkpoint-1" / "model.safetensors").write_bytes(b"x")
+    assert model_fingerprint(str(path)) == first
+    retrain(model, path)
+    second = model_fingerprint(str(path))
+    assert second != first
+    config = json.loads((path / "config.json").read_text())  # a saved decoding default counts too
+    config.setdefault("diffusion_generation", {})["tokens_per_step"] = 2
+    (path / "config.json").write_text(json.dumps(config))
+    assert model_fingerprint(str(path)) != second
+
+
+def test_large_weights_are_fingerprinted_by_size_time_and_header(saved_model, monkeypatch):
+    # Weights above the size limit are not read whole: an in-place rewrite still shows in the modification time.
+    model, path = saved_model
+    monkeypatch.setattr(results_module, "_HASHED_WHOLE_BYTES", 1024)
+    first = model_fingerprint(str(path))
+    weights = path / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1  # beyond the first MiB read: only the size and time tell
+    stat = weights.stat()
+    weights.write_bytes(bytes(data))
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+    assert weights.stat().st_size == stat.st_size
+    assert model_fingerprint(str(path)) != first
+
+
+def test_no_local_copy_has_no_fingerprint():
+    assert model_fingerprint("nobody/not-a-cached-model") is None
+
+
+def test_plan_skips_only_unchanged_models(saved_model, caplog):
+    model, path = saved_model
+    key = {"model": str(path)}
+    entry = {"model": "m", "run_key": key, "model_fingerprint": model_fingerprint(str(path))}
+    grid = GridResult(settings={}, results=[entry])
+    runs = [("m", "bench", "setting", key)]
+    assert plan_runs(grid, {"m": str(path)}, runs, None) == {"m": []}
+    retrain(model, path)
+    with caplog.at_level(logging.WARNING, logger="t3d_trl"):
+        assert plan_runs(grid, {"m": str(path)}, runs, None) == {"m": [("bench", "setting")]}
+    assert "model 'm'" in caplog.text and "changed since its results" in caplog.text
+    entry.pop(
+        "model_fingerprint"
+    )  # a results file written before fingerprints: evaluated again, never trusted
+    assert plan_runs(grid, {"m": str(path)}, runs, None) == {"m": [("bench", "setting")]}
+
+
+def test_rerun_evaluates_a_retrained_model_again(saved_model, benchmark_files, tmp_path, monkeypatch, caplog):
+    model, path = saved_model
+    calls: list[str] = []
+    real = runner.evaluate_model
+
+    def counting(*args, **kwargs):
+        calls.append("run")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "evaluate_model", counting)
+    output = tmp_path / "eval"
+
+    def grid():
+        return runner.run_grid(
+            {"m": str(path)},
+            ["gsm8k"],
+            block_lengths=[4],
+            tokens_per_step=[4],
+            generation_kwargs={"max_new_tokens": 4},
+            data_files={"gsm8k": benchmark_files["gsm8k"]},
+            output_dir=output,
+            progress=False,
+            device="cpu",
+        )
+
+    grid()
+    recorded = json.loads((output / "results.json").read_text())["results"][0]["model_fingerprint"]
+    assert recorded == model_fingerprint(str(path)) and len(calls) == 1
+    with caplog.at_level(logging.INFO, logger="t3d_trl"):
+        grid()
+    assert len(calls) == 1 and "skipping 1 run(s) already finished" in caplog.text
+    caplog.clear()
+
+    retrain(model, path)
+    with caplog.at_level(logging.INFO, logger="t3d_trl"):
+        grid()
+    assert len(calls) == 2  # evaluated again, not skipped
+    (warning,) = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert (
+        "model 'm'" in warning.getMessage()
+        and "evaluating its 1 finished run(s) again" in warning.getMessage()
+    )
+    assert "skipping" not in caplog.text
+    (entry,) = json.loads((output / "results.json").read_text())["results"]  # replaced, not duplicated
+    assert entry["model_fingerprint"] == model_fingerprint(str(path)) != recorded
