@@ -35,6 +35,7 @@ CASES = [
     ("bidirectional", {"cache_implementation": "dual"}),
     ("block_causal", {"use_cache": True}),
     ("block_causal", {"use_cache": False}),
+    ("bidirectional", {"cfg_scale": 1.0}),  # classifier-free guidance: two rows per row, one NFE
     ("modernbert", {}),
 ]
 BUILDERS = {
