@@ -161,3 +161,56 @@ def test_rerun_resumes_or_refuses_and_leaves_no_cache_files(files, tmp_path, cap
     assert state["global_step"] == 2
     assert main(["train", "--config", path, "--overwrite_output_dir", "true"]) == 0
     assert sorted(p.name for p in (tmp_path / "o").glob("checkpoint-*")) == ["checkpoint-1"]
+
+
+def test_resume_skips_a_checkpoint_with_damaged_weights(files, tmp_path, capsys, caplog, monkeypatch):
+    recipe = one_process_recipe(files, tmp_path, save_strategy="steps", save_steps=3, max_steps=6)
+    recipe["per_device_train_batch_size"] = 2
+    path = write_yaml(tmp_path / "recipe.yaml", recipe)
+    assert main(["train", "--config", path]) == 0
+    out = tmp_path / "o"
+    damaged = out / "checkpoint-6" / "model.safetensors"
+    with open(damaged, "r+b") as f:  # a crash or a partial copy
+        f.truncate(100)
+    resume = ["train", "--config", path, "--max_steps", "7", "--resume_from_checkpoint", "true"]
+    steps = []
+    real = T3DTrainer.compute_loss
+    monkeypatch.setattr(
+        T3DTrainer, "compute_loss", lambda self, *a, **k: steps.append(1) or real(self, *a, **k)
+    )
+    with caplog.at_level("WARNING"):
+        assert main(resume) == 0
+    assert f"not resuming from checkpoint-6: {damaged} is damaged" in caplog.text
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 7
+    assert len(steps) == 4  # steps 4-7: resumed from checkpoint-3, the last checkpoint that loads
+    monkeypatch.undo()
+
+    for checkpoint in out.glob("checkpoint-*"):
+        with open(checkpoint / "model.safetensors", "r+b") as f:
+            f.truncate(100)
+    message = failure(resume, capsys)
+    assert message.startswith("t3d-trl train: resume_from_checkpoint=True but no checkpoint in")
+    assert "checkpoint-3/model.safetensors is damaged" in message
+
+
+def test_train_into_a_folder_holding_a_finished_model_is_refused(files, tmp_path, capsys):
+    path = write_yaml(tmp_path / "recipe.yaml", one_process_recipe(files, tmp_path))  # save_strategy: no
+    assert main(["train", "--config", path]) == 0
+    weights = (tmp_path / "o" / "model.safetensors").read_bytes()
+    message = failure(["train", "--config", path, "--learning_rate", "0.5"], capsys)
+    assert "already holds a finished model (model.safetensors)" in message
+    assert "--overwrite_output_dir true" in message and "--resume_from_checkpoint" not in message
+    assert (tmp_path / "o" / "model.safetensors").read_bytes() == weights  # untouched
+    assert main(["train", "--config", path, "--learning_rate", "0.5", "--overwrite_output_dir", "true"]) == 0
+    assert (tmp_path / "o" / "model.safetensors").read_bytes() != weights
+
+
+def test_a_truncated_trajectory_file_is_named_in_one_line(files, tmp_path, capsys):
+    model_dir, data_dir = files
+    [arrow] = data_dir.glob("*.arrow")
+    with open(arrow, "r+b") as f:
+        f.truncate(arrow.stat().st_size // 2)
+    path = write_yaml(tmp_path / "recipe.yaml", one_process_recipe(files, tmp_path))
+    message = failure(["train", "--config", path], capsys)
+    assert message.startswith(f"t3d-trl train: {data_dir}: {arrow.name} is damaged")
+    assert "no shards to rebuild it from" in message  # saved with save_to_disk, not collected here

@@ -133,7 +133,13 @@ def test_loglikelihood_prefers_the_valid_answer_and_is_reproducible(task_dir):
     lm = DiffusionLM(str(TEACHER), device="cpu", mc_num=8, mc_batch_size=8, seed=3)
     out = lm_eval.simple_evaluate(model=lm, tasks=["t3d_demo_sort2_choice"], task_manager=task_dir)
     assert out["results"]["t3d_demo_sort2_choice"]["acc,none"] >= 0.9
-    assert out["config"]["t3d_loglikelihood"] == {"mc_num": 8, "seed": 3}
+    assert out["config"]["t3d_loglikelihood"] == {
+        "mc_num": 8,
+        "seed": 3,
+        "estimator": "stratified",
+        "cfg": 0.0,
+        "is_check_greedy": True,
+    }
 
     row = json.loads((TASKS / "demo_sort2.jsonl").open().readline())
     requests = [

@@ -30,6 +30,22 @@ def test_import_and_command_help_load_no_heavy_library():
     assert _run(code).strip().splitlines()[-1] == "[]"
 
 
+@pytest.mark.parametrize("command", ["generate", "eval", "collect"])
+def test_decoding_commands_help_loads_no_heavy_library(command):
+    # The decoding flags come from DiffusionGenerationConfig: reading it must not load torch (issue 26, item 5).
+    # eval and collect are TrlParser-based, so they load TRL and transformers, but never torch's model code.
+    heavy = HEAVY if command == "generate" else ("torch", "datasets")
+    code = (
+        "import sys, contextlib, io\n"
+        "from t3d_trl.cli.main import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    try: main([{command!r}, '--help'])\n"
+        "    except SystemExit: pass\n"
+        f"print([m for m in {heavy!r} if m in sys.modules])"
+    )
+    assert _run(code).strip().splitlines()[-1] == "[]"
+
+
 def test_all_lists_exactly_the_lazy_exports():
     assert sorted(t3d_trl.__all__) == sorted([*t3d_trl._EXPORTS, "__version__"])
 

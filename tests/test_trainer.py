@@ -313,6 +313,26 @@ def test_saved_model_samples_with_the_distilled_budget(tokenizer, trajectories, 
     assert "| tokens per step | 2 |" in card and '"loss_type": "t3d"' in card
 
 
+def test_model_card_lists_every_t3d_setting_that_differs_from_its_default(tokenizer, trajectories, tmp_path):
+    def card(**overrides) -> str:
+        args = config(tmp_path, **overrides)
+        trainer = T3DTrainer(
+            build_bidirectional_model(tokenizer, seed=1), args, train_dataset=trajectories["bidirectional"]
+        )
+        trainer.create_model_card()
+        return (Path(args.output_dir) / "README.md").read_text()
+
+    paper = card(loss_type="td")
+    assert (
+        '"loss_type": "td"' in paper
+        and "student_state_ratio" not in paper
+        and "certainty_weight" not in paper
+    )
+    departed = card(loss_type="td", student_state_ratio=0.25, certainty_weight=3.0)
+    assert '"student_state_ratio": 0.25' in departed and '"certainty_weight": 3.0' in departed
+    assert "overwrite_output_dir" not in departed  # how the run was carried out, not a setting of the model
+
+
 def _with_metadata(dataset, **changes):
     metadata = TrajectoryMetadata.from_dataset(dataset)
     return TrajectoryMetadata.from_dict({**metadata.to_dict(), **changes}).attach(

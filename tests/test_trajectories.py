@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections import Counter
@@ -94,6 +95,25 @@ def test_round_trip_through_save_to_disk(tmp_path, tokenizer, bidirectional_mode
         loaded = load_trajectories(str(path))
         assert TrajectoryMetadata.from_dataset(loaded) == metadata
         assert loaded.to_list() == dataset.to_list()
+
+
+def test_a_truncated_dataset_file_is_named_and_a_rerun_rebuilds_it_from_the_shards(
+    tmp_path, tokenizer, bidirectional_model
+):
+    run = tmp_path / "run"
+    expected = list(collect(bidirectional_model, tokenizer, run)["completion_ids"])
+    [arrow] = run.glob("*.arrow")
+    with open(arrow, "r+b") as f:  # a crash or a partial copy: the file ends early
+        f.truncate(arrow.stat().st_size // 2)
+    with pytest.raises(ValueError) as info:
+        load_trajectories(str(run))
+    message = str(info.value)
+    assert str(run) in message and arrow.name in message and "is damaged" in message
+    assert "rerunning `t3d-trl collect` into the same folder rebuilds it from its shards" in message
+    collect(
+        bidirectional_model, tokenizer, run
+    )  # the same call again: every shard is valid, nothing is decoded
+    assert list(load_trajectories(str(run))["completion_ids"]) == expected
 
 
 def test_card_renders_metadata_and_loads_back(tmp_path, tokenizer, bidirectional_model):
@@ -274,6 +294,14 @@ def test_resume_refuses_other_settings(tmp_path, tokenizer, bidirectional_model)
         )
     with pytest.raises(ValueError, match="num_prompts: 3 \\(saved\\) != 4"):
         collect(bidirectional_model, tokenizer, tmp_path, rows=ROWS[:4])
+    # A collection saved before a decoding setting existed resumes when the setting is at its default.
+    manifest = json.loads((tmp_path / "collection.json").read_text())
+    del manifest["generation_config"]["cfg_scale"]
+    (tmp_path / "collection.json").write_text(json.dumps(manifest))
+    assert len(collect(bidirectional_model, tokenizer, tmp_path, rows=ROWS[:3])) == 3
+    with pytest.raises(ValueError, match="cfg_scale: 0.0 \\(saved\\) != 0.5"):
+        guided = DiffusionGenerationConfig(**GREEDY, cfg_scale=0.5)
+        collect(bidirectional_model, tokenizer, tmp_path, rows=ROWS[:3], generation_config=guided)
 
 
 def _collect_worker(rank: int, world_size: int, port: int, output_dir: str) -> None:

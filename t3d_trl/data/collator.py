@@ -60,6 +60,9 @@ def teacher_state(
 class DataCollatorForDiffusion:
     """Collate rows ``{prompt_ids, completion_ids[, decode_step][, row_index]}`` into a diffusion training batch.
 
+    A row may also bring its own noise, ``masked`` (bool per completion token) and ``mask_prob`` (the weight of a
+    masked token is ``1 / mask_prob``), which then replace ``states``.
+
     Args:
         diffusion: the student's diffusion description (mask token, attention kind).
         block_length: decoding block length of the trajectories (the teacher's).
@@ -202,7 +205,10 @@ class DataCollatorForDiffusion:
         groups = blocks if self.diffusion.is_block_causal else np.zeros(length, dtype=np.int64)
         prob = np.ones(length)
         path_step = np.zeros(length, dtype=np.int64)
-        if self.states == "trajectory":
+        if example.get("masked") is not None:  # the caller's own noise (the lm-eval likelihood estimator)
+            masked = np.asarray(example["masked"], dtype=bool)
+            prob = np.asarray(example["mask_prob"], dtype=np.float64)
+        elif self.states == "trajectory":
             steps = example.get("decode_step")
             if steps is None:
                 raise ValueError("trajectory states need a decode_step column (the teacher's decoding order)")

@@ -16,7 +16,7 @@ import datasets
 from huggingface_hub import DatasetCard, DatasetCardData
 
 from .schema import METADATA_KEY, TRAJECTORY_COLUMNS, TrajectoryMetadata, validate_trajectories
-from .shards import MANIFEST
+from .shards import MANIFEST, SHARD_DIR
 
 logger = logging.getLogger(__name__)
 
@@ -131,6 +131,41 @@ def _card_metadata(card_path: str | os.PathLike) -> TrajectoryMetadata | None:
     return TrajectoryMetadata.from_dict(data) if data else None
 
 
+def _damaged_files(folder: Path) -> list[tuple[Path, str]]:
+    """The Arrow files under ``folder`` that cannot be read to the end, with pyarrow's reason."""
+    import pyarrow as pa
+
+    damaged = []
+    for path in sorted(folder.rglob("*.arrow")):
+        try:
+            with pa.memory_map(str(path)) as source:
+                pa.ipc.open_stream(source).read_all()
+        except (pa.ArrowException, OSError) as err:
+            damaged.append((path, " ".join(str(err).split())))
+    return damaged
+
+
+def _load_from_disk(folder: Path) -> datasets.Dataset | datasets.DatasetDict:
+    """``datasets.load_from_disk``; a damaged (truncated) Arrow file is named, with the way to rebuild it."""
+    import pyarrow as pa
+
+    try:
+        return datasets.load_from_disk(str(folder))
+    except (pa.ArrowException, OSError) as err:
+        damaged = _damaged_files(folder) or [(None, " ".join(str(err).split()))]
+        named = "; ".join(
+            f"{p.relative_to(folder) if p else 'a data file'} is damaged ({why})" for p, why in damaged
+        )
+        if (folder / MANIFEST).is_file() and (folder / SHARD_DIR).is_dir():
+            cure = (
+                "rerunning `t3d-trl collect` into the same folder rebuilds it from its shards (the same "
+                "collect_trajectories call with this output_dir does too)"
+            )
+        else:
+            cure = "it has no shards to rebuild it from (not a collection folder): save or download it again"
+        raise ValueError(f"{folder}: {named}; {cure}") from err
+
+
 def load_trajectories(
     path_or_repo_id: str | os.PathLike,
     split: str = "train",
@@ -160,7 +195,7 @@ def load_trajectories(
         ):
             # datasets cannot load a saved dataset of 0 rows (IndexError): say what it is.
             raise ValueError(f"{path} holds an empty dataset (0 rows): there is nothing to load")
-        dataset = datasets.load_from_disk(str(path))
+        dataset = _load_from_disk(path)
         if isinstance(dataset, datasets.DatasetDict):
             if split not in dataset:
                 raise ValueError(f"{path} has splits {list(dataset)}, not {split!r}")

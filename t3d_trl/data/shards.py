@@ -20,6 +20,7 @@ import datasets
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..generation.configuration import DiffusionGenerationConfig
 from .prompts import PromptRow
 from .schema import TrajectoryMetadata, row_problem
 
@@ -115,6 +116,10 @@ def check_manifest(output_dir: Path, manifest: dict[str, Any], is_main: bool, ba
     # A newer package version may resume an older collection; everything else must match.
     saved.pop(SUMMARY_KEY, None)  # the counts of an earlier merge are not a setting
     saved["metadata"].pop("t3d_trl_version", None)
+    if isinstance(saved.get("generation_config"), dict):
+        # A collection saved before a decoding setting existed (e.g. cfg_scale) was decoded with its default.
+        defaults = DiffusionGenerationConfig().to_dict()
+        saved["generation_config"] = {**defaults, **saved["generation_config"]}
     current = json.loads(json.dumps(manifest))
     current["metadata"].pop("t3d_trl_version", None)
     diffs = _differences(saved, current)

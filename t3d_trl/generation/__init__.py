@@ -1,7 +1,24 @@
-from .configuration import DiffusionGenerationConfig
-from .mixin import DiffusionGenerationMixin
-from .sampler import DiffusionGenerationOutput
-from .streamers import DiffusionIteratorStreamer, DiffusionStep, DiffusionStreamer, TerminalStreamer
+"""Few-step diffusion decoding: the settings, the sampler, the mixin that gives models ``diffusion_generate``, and
+the step streamers.
+
+The names below load on first use (PEP 562): ``generation.configuration`` imports without torch, so that the
+command line builds its decoding flags from :class:`DiffusionGenerationConfig` without loading torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "DiffusionGenerationConfig": ".configuration",
+    "DiffusionGenerationMixin": ".mixin",
+    "DiffusionGenerationOutput": ".sampler",
+    "DiffusionIteratorStreamer": ".streamers",
+    "DiffusionStep": ".streamers",
+    "DiffusionStreamer": ".streamers",
+    "TerminalStreamer": ".streamers",
+}
 
 __all__ = [
     "DiffusionGenerationConfig",
@@ -12,3 +29,22 @@ __all__ = [
     "DiffusionStreamer",
     "TerminalStreamer",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
+
+
+if TYPE_CHECKING:
+    from .configuration import DiffusionGenerationConfig
+    from .mixin import DiffusionGenerationMixin
+    from .sampler import DiffusionGenerationOutput
+    from .streamers import DiffusionIteratorStreamer, DiffusionStep, DiffusionStreamer, TerminalStreamer

@@ -60,6 +60,10 @@ class DiffusionGenerationConfig:
             approximate cache (exact). Block-causal models refuse it: their block cache is exact.
         cache: the old spelling of ``cache_implementation`` (``none``, ``prefix`` or ``dual``; ``none`` = unset),
             still accepted in code, recipes, saved configs and as ``--cache``.
+        cfg_scale: classifier-free guidance (LLaDA's ``cfg_scale``). ``0`` (default): off, no extra cost. ``> 0``:
+            every step also runs the canvas with the prompt replaced by mask tokens (batched with the
+            conditional rows, so a step costs two rows per row) and decodes from ``un + (cfg_scale + 1) * (cond -
+            un)``. Works with every attention kind and cache (the unconditional rows share the cache scheme).
         eos_token_id: id(s) that end a completion. ``None``: read from the model's config.
         pad_token_id: id written after the end of a finished completion. ``None``: the first EOS id.
         stop_at_eos: once a row has an EOS with every position before it decoded, fill the rest of its
@@ -80,6 +84,7 @@ class DiffusionGenerationConfig:
     threshold: float | None = None
     dynamic_rule: Literal["threshold", "threshold_topup"] = "threshold"
     schedule: Literal["llada", "sdar", "dream"] = "llada"
+    cfg_scale: float = 0.0
     eos_token_id: int | list[int] | None = None
     pad_token_id: int | None = None
     stop_at_eos: bool = True
@@ -133,6 +138,8 @@ class DiffusionGenerationConfig:
                 f"cache_implementation must be one of {CACHE_IMPLEMENTATIONS} (or unset), "
                 f"got {self.cache_implementation!r}"
             )
+        if not self.cfg_scale >= 0:  # also refuses NaN
+            raise ValueError(f"cfg_scale must be >= 0 (0 turns guidance off), got {self.cfg_scale}")
         if self.threshold is not None:
             if not 0 < self.threshold <= 1:
                 raise ValueError(f"threshold must be in (0, 1], got {self.threshold}")

@@ -40,6 +40,7 @@ from ..diffusion.masks import (
     position_ids_from_valid,
 )
 from .configuration import DiffusionGenerationConfig
+from .guidance import GuidedRunner
 from .remasking import propose_tokens, select_dynamic, select_static, transfer_schedule
 from .streamers import DiffusionStreamer, make_step
 
@@ -204,7 +205,15 @@ def diffusion_generate(
         pad_id = eos_ids[0] if eos_ids else (getattr(model.config, "pad_token_id", None) or 0)
 
     canvas = layout_canvas(input_ids, valid, diffusion, block_length, config.max_new_tokens, pad_id)
-    runner = BlockRunner(model, diffusion, canvas, config.use_cache, config.approximate_cache or "none")
+
+    def build_runner(canvas: Canvas) -> BlockRunner:
+        return BlockRunner(model, diffusion, canvas, config.use_cache, config.approximate_cache or "none")
+
+    runner = (
+        GuidedRunner(build_runner, canvas, diffusion.mask_token_id, config.cfg_scale)
+        if config.cfg_scale
+        else build_runner(canvas)
+    )
     x = canvas.tokens
     batch, total = x.shape
     mask_id = diffusion.mask_token_id

@@ -19,12 +19,15 @@ or from a shell, with exactly ``lm_eval``'s arguments and output: ``t3d-trl lm-e
   the generation length (rounded up to a whole number of blocks) unless ``max_new_tokens`` is a model argument.
   NFE, tokens per second and tokens per step are logged and written to the results' ``config`` under
   ``t3d_decoding``.
-* ``loglikelihood`` is the Monte Carlo estimate of the masked-diffusion ELBO, as LLaDA's evaluation computes it:
-  ``mc_num`` noisy copies of the continuation (each masked with probability ``t ~ U(0, 1]``, block by block for
-  block-causal models), the log-probabilities of the masked tokens weighted by the inverse of their masking
-  probability, averaged. The noise of sample ``j`` is drawn from ``(seed, j)``, so a request scores the same in
-  any batch and on any process. ``is_greedy`` says whether greedy decoding (temperature 0, the model arguments'
-  schedule) of the continuation's length reproduces it.
+* ``loglikelihood`` is a Monte Carlo estimate of the masked-diffusion ELBO of the continuation, as LLaDA's
+  evaluation computes it. ``estimator="stratified"`` (default, LLaDA's form without its rounding bias): sample
+  ``j`` of ``mc_num`` masks ``l_j = floor((j + u) L / mc_num) + 1`` of the continuation's ``L`` tokens (``u ~
+  U[0, 1)``, so ``l`` covers ``1..L`` evenly), chosen uniformly, weighted by ``L / l_j``; the noise is drawn per
+  request from ``(seed, request)``. ``estimator="random_t"``: each token masked with probability ``t ~ U(0, 1]``,
+  weighted by ``1 / t``, the noise of sample ``j`` drawn from ``(seed, j)`` for every request. Block-causal models
+  get the sum of per-block ELBOs (each block given the clean blocks before it), shifted-logit models read each
+  token's prediction at the position before it. ``cfg`` guides the logits as LLaDA does. ``is_greedy`` is
+  LLaDA's check: decoding a canvas of the continuation's length one most-confident token per step reproduces it.
 * ``loglikelihood_rolling`` (perplexity tasks) is refused: a diffusion LM has no left-to-right likelihood to roll.
 * Data parallel: launched with ``accelerate launch -m t3d_trl.cli.main lm-eval ...`` (or ``accelerate launch``
   of a script calling ``simple_evaluate``), each process takes its share of the requests, as lm-eval does for
@@ -33,6 +36,7 @@ or from a shell, with exactly ``lm_eval``'s arguments and output: ``t3d-trl lm-e
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import os
@@ -40,6 +44,7 @@ from collections import defaultdict
 from dataclasses import fields
 from typing import Any
 
+import numpy as np
 import torch
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
@@ -48,6 +53,7 @@ from tqdm.auto import tqdm
 from ..data.collator import DataCollatorForDiffusion, diffusion_attention_mask
 from ..evaluation.runner import generate_completions, load_model
 from ..generation.configuration import OUTPUT_FIELDS, DiffusionGenerationConfig
+from ..generation.guidance import guide_logits
 from ..models.diffusion_config import DiffusionConfig
 from ..models.forward import accepts_4d_mask, diffusion_forward, unwrap_model
 
@@ -56,6 +62,39 @@ logger = logging.getLogger(__name__)
 __all__ = ["DiffusionLM"]
 
 _GENERATION_FIELDS = {f.name for f in fields(DiffusionGenerationConfig)} - set(OUTPUT_FIELDS)
+ESTIMATORS = ("stratified", "random_t")
+
+
+def stratified_masks(
+    groups: np.ndarray, mc_num: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Stratified masks of one continuation: ``(masked [mc_num, L], mask_prob [mc_num, L])``.
+
+    Each group (the whole continuation, or one block of a block-causal model) of ``n`` tokens draws its own offset
+    ``u ~ U[0, 1)``; sample ``j`` masks ``l_j = floor((j + u) n / mc_num) + 1`` of its tokens, a uniformly drawn
+    subset, with ``mask_prob = l_j / n`` (the weight ``n / l_j``). Every ``l`` in ``1..n`` is equally likely for
+    each sample, so the mean is unbiased, and the counts are spread evenly over the samples (each ``l`` gets
+    ``mc_num / n`` of them, rounded by the offset, never by rounding half to even as LLaDA's code does).
+    """
+    masked = np.zeros((mc_num, len(groups)), dtype=bool)
+    prob = np.ones((mc_num, len(groups)))
+    for group in np.unique(groups):
+        cols = np.flatnonzero(groups == group)
+        size = len(cols)
+        counts = np.floor((np.arange(mc_num) + rng.random()) * size / mc_num).astype(np.int64) + 1
+        ranks = rng.random((mc_num, size)).argsort(1).argsort(1)  # a uniform random order per sample
+        masked[:, cols] = ranks < counts[:, None]
+        prob[:, cols] = (counts / size)[:, None]
+    return masked, prob
+
+
+def _as_bool(value: Any) -> bool:
+    """A model argument given as a bool or as text (``--model_args is_check_greedy=False``)."""
+    if isinstance(value, str):
+        if value.lower() not in ("true", "false", "1", "0"):
+            raise ValueError(f"expected true or false, got {value!r}")
+        return value.lower() in ("true", "1")
+    return bool(value)
 
 
 @register_model("t3d")
@@ -71,7 +110,13 @@ class DiffusionLM(TemplateLM):
         batch_size: prompts per ``diffusion_generate`` call (``generate_until``); a number, not ``auto``.
         seed: seed of the sampling generator (``generate_until``) and of the Monte Carlo noise (``loglikelihood``).
         mc_num: Monte Carlo samples per ``loglikelihood`` request (LLaDA's evaluation uses 128).
-        mc_batch_size: noisy copies per forward pass in ``loglikelihood``.
+        mc_batch_size: noisy copies per forward pass in ``loglikelihood`` (the estimate does not depend on it).
+        estimator: ``stratified`` (default) or ``random_t``, the Monte Carlo estimator of ``loglikelihood`` (see
+            the module docstring and docs/evaluation.md).
+        cfg: classifier-free guidance scale (LLaDA's ``cfg``): the same as the generation setting ``cfg_scale``, it
+            guides ``loglikelihood``, ``is_greedy`` and ``generate_until``. 0 (default): off.
+        is_check_greedy: compute ``is_greedy`` (LLaDA's check, one decoding per request); ``False`` answers
+            ``False`` without decoding, as LLaDA's scripts run.
         **generation_kwargs: ``DiffusionGenerationConfig`` fields (``block_length``, ``tokens_per_step``,
             ``threshold``...), over the settings saved with the model.
     """
@@ -87,6 +132,9 @@ class DiffusionLM(TemplateLM):
         seed: int = 0,
         mc_num: int = 128,
         mc_batch_size: int = 32,
+        estimator: str = "stratified",
+        cfg: float | None = None,
+        is_check_greedy: bool | str = True,
         **generation_kwargs: Any,
     ) -> None:
         super().__init__()
@@ -94,14 +142,24 @@ class DiffusionLM(TemplateLM):
         if unknown:
             raise TypeError(
                 f"unknown t3d model argument(s) {unknown}; the model takes pretrained, tokenizer, peft, dtype, "
-                f"device, batch_size, seed, mc_num, mc_batch_size and the generation settings {sorted(_GENERATION_FIELDS)}"
+                "device, batch_size, seed, mc_num, mc_batch_size, estimator, cfg, is_check_greedy and the "
+                f"generation settings {sorted(_GENERATION_FIELDS)}"
             )
+        if estimator not in ESTIMATORS:
+            raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
+        if cfg is not None:
+            if "cfg_scale" in generation_kwargs and float(generation_kwargs["cfg_scale"]) != float(cfg):
+                raise ValueError(
+                    f"cfg={cfg} and cfg_scale={generation_kwargs['cfg_scale']} disagree; give one"
+                )
+            generation_kwargs["cfg_scale"] = float(cfg)
         if not str(batch_size).isdigit() or int(batch_size) < 1:
             raise ValueError(f"batch_size must be a positive number (no 'auto'), got {batch_size!r}")
         if int(mc_num) < 1 or int(mc_batch_size) < 1:
             raise ValueError(f"mc_num and mc_batch_size must be positive, got {mc_num} and {mc_batch_size}")
         self.batch_size, self.seed = int(batch_size), int(seed)
         self.mc_num, self.mc_batch_size = int(mc_num), int(mc_batch_size)
+        self.estimator, self.is_check_greedy = estimator, _as_bool(is_check_greedy)
 
         self.accelerator = None
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # launched with accelerate / torchrun: data parallel
@@ -146,6 +204,7 @@ class DiffusionLM(TemplateLM):
         self.diffusion = DiffusionConfig.from_model_config(unwrap_model(model).config)
         self.generation_config = model.diffusion_generation_config.update(**generation_kwargs)
         self._explicit = set(generation_kwargs)  # model arguments win over the task's generation arguments
+        self.cfg = self.generation_config.cfg_scale  # one guidance scale for every request type
         self.stats: dict[str, float] = defaultdict(float)
 
     # ------------------------------------------------------------------------------------------ tokenisation
@@ -281,46 +340,111 @@ class DiffusionLM(TemplateLM):
         """What lm-eval writes into the results' ``config``: the decoding settings and their measured cost."""
         return {
             "t3d_generation_config": self.generation_config.to_dict(),
-            "t3d_loglikelihood": {"mc_num": self.mc_num, "seed": self.seed},
+            "t3d_loglikelihood": {
+                "mc_num": self.mc_num,
+                "seed": self.seed,
+                "estimator": self.estimator,
+                "cfg": self.cfg,
+                "is_check_greedy": self.is_check_greedy,
+            },
             "t3d_decoding": self.decoding_stats(),
         }
 
     # ------------------------------------------------------------------------------------------ scoring
     def _collator(self) -> DataCollatorForDiffusion:
-        block = self.generation_config.block_length or self.diffusion.block_size or 1
+        # Block-causal models: the ELBO's blocks are the model's attention blocks (bidirectional: one group).
+        block = (self.diffusion.block_size if self.diffusion.is_block_causal else None) or 1
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eot_token_id
         return DataCollatorForDiffusion(self.diffusion, block, pad, states="random", seed=self.seed)
 
-    @torch.no_grad()
-    def _elbo(self, context: list[int], continuation: list[int], collator: DataCollatorForDiffusion) -> float:
-        """Monte Carlo ELBO of ``log p(continuation | context)``: mean over ``mc_num`` noisy copies."""
-        model, dtype = self.model, unwrap_model(self.model).dtype
+    def _request_rng(self, context: list[int], continuation: list[int]) -> np.random.Generator:
+        """The stratified estimator's noise: keyed on ``(seed, request)``, so the choices of one question draw
+        independent noise and a rerun, another batch or another process draws the same."""
+        digest = hashlib.sha256(np.asarray([len(context), *context, *continuation], dtype=np.int64).tobytes())
+        return np.random.default_rng(
+            [self.seed & 0xFFFFFFFF, *np.frombuffer(digest.digest()[:16], np.uint32)]
+        )
+
+    def _noisy_rows(
+        self, context: list[int], continuation: list[int], collator: DataCollatorForDiffusion
+    ) -> list[dict[str, Any]]:
+        """The ``mc_num`` rows of one request, with their noise (``random_t``: the collator draws it per row)."""
         rows = [
             {"prompt_ids": context, "completion_ids": continuation, "row_index": j}
             for j in range(self.mc_num)
         ]
-        total = 0.0
+        if self.estimator == "stratified":
+            groups = np.zeros(len(continuation), dtype=np.int64)
+            if self.diffusion.is_block_causal:  # one group per block; the first shares the context's tail
+                groups = (
+                    len(context) % collator.block_length + np.arange(len(continuation))
+                ) // collator.block_length
+            masked, prob = stratified_masks(groups, self.mc_num, self._request_rng(context, continuation))
+            for row, row_masked, row_prob in zip(rows, masked, prob):
+                row["masked"], row["mask_prob"] = row_masked, row_prob
+        return rows
+
+    def _logits(self, batch: dict[str, torch.Tensor], mask: torch.Tensor, prompt_len: int) -> torch.Tensor:
+        """Logits at ``batch["keep"]``; with ``cfg``, LLaDA's guidance over the same rows with the prompt masked."""
+        ids, positions = batch["input_ids"], batch["position_ids"]
+        if self.cfg:
+            prompt = batch["valid"] & (
+                positions < prompt_len
+            )  # block-causal: the noisy copy's prompt tail too
+            ids = torch.cat([ids, ids.masked_fill(prompt, self.diffusion.mask_token_id)])
+            mask = mask.repeat(2, *[1] * (mask.dim() - 1))
+            positions = positions.repeat(2, 1)
+        logits, _ = diffusion_forward(self.model, self.diffusion, ids, mask, positions, keep=batch["keep"])
+        if not self.cfg:
+            return logits.float()
+        return guide_logits(*logits.chunk(2), self.cfg)
+
+    @torch.no_grad()
+    def _elbo_samples(
+        self, context: list[int], continuation: list[int], collator: DataCollatorForDiffusion
+    ) -> torch.Tensor:
+        """The ``mc_num`` Monte Carlo samples of the ELBO of ``log p(continuation | context)`` (float64, CPU)."""
+        dtype = unwrap_model(self.model).dtype
+        rows = self._noisy_rows(context, continuation, collator)
+        samples = []
         for start in range(0, len(rows), self.mc_batch_size):
             batch = {
                 k: v.to(self._device) for k, v in collator(rows[start : start + self.mc_batch_size]).items()
             }
             mask = diffusion_attention_mask(
-                batch, collator.block_length, self.diffusion.is_block_causal, dtype, accepts_4d_mask(model)
+                batch,
+                collator.block_length,
+                self.diffusion.is_block_causal,
+                dtype,
+                accepts_4d_mask(self.model),
             )
-            logits, _ = diffusion_forward(
-                model, self.diffusion, batch["input_ids"], mask, batch["position_ids"], keep=batch["keep"]
-            )
-            logps = logits.float().log_softmax(-1).gather(-1, batch["targets"].unsqueeze(-1)).squeeze(-1)
+            logps = self._logits(batch, mask, len(context)).log_softmax(-1)
+            logps = logps.gather(-1, batch["targets"].unsqueeze(-1)).squeeze(-1)
             weights = torch.where(
                 batch["loss_mask"], 1.0 / batch["mask_prob"], torch.zeros_like(batch["mask_prob"])
             )
-            total += float((logps * weights).sum())
-        return total / len(rows)
+            samples.append((logps.double() * weights.double()).sum(-1).cpu())
+        return torch.cat(samples)
+
+    def _elbo(self, context: list[int], continuation: list[int], collator: DataCollatorForDiffusion) -> float:
+        """Monte Carlo ELBO of ``log p(continuation | context)``: mean over ``mc_num`` noisy copies."""
+        return float(self._elbo_samples(context, continuation, collator).mean())
 
     def _greedy(self, context: list[int], continuation: list[int]) -> bool:
-        """Whether greedy decoding of ``len(continuation)`` tokens (rounded up to whole blocks) starts with it."""
-        config = self.generation_config.update(
-            max_new_tokens=self._generation_length(len(continuation)), temperature=0.0, stop_at_eos=False
+        """LLaDA's ``is_greedy``: a canvas of exactly ``len(continuation)`` masks after the context, decoded one
+        most-confident token per step (greedy, guided with ``cfg``), reproduces the continuation. The model's
+        decoding settings (block length, tokens per step, threshold, ``max_new_tokens``...) do not apply.
+        Block-causal models decode in their attention blocks, the continuation rounded up to whole blocks."""
+        if not self.is_check_greedy:
+            return False
+        block = self.diffusion.block_size if self.diffusion.is_block_causal else len(continuation)
+        config = DiffusionGenerationConfig(
+            max_new_tokens=math.ceil(len(continuation) / block) * block,
+            block_length=block,
+            tokens_per_step=1,
+            temperature=0.0,
+            stop_at_eos=False,
+            cfg_scale=self.cfg,
         )
         prompt = torch.tensor([context], dtype=torch.long, device=self._device)
         out = self.model.diffusion_generate(prompt, torch.ones_like(prompt), generation_config=config)

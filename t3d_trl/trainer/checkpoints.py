@@ -126,8 +126,7 @@ def clear_for_fresh_run(output_dir: str | os.PathLike, overwrite: bool, is_main:
         held.append(f"a finished model ({', '.join(p.name for p in model_files)})")
     if not overwrite:
         resume = (
-            "pass resume_from_checkpoint=True (--resume_from_checkpoint true) to continue from the last "
-            "checkpoint, or "
+            "pass resume_from_checkpoint=True (--resume_from_checkpoint true) to continue from the last one, or "
             if checkpoints
             else ""
         )

@@ -98,10 +98,10 @@ class T3DConfig(_BaseConfig):
         > Output folder
 
         overwrite_output_dir (`bool`, *optional*, defaults to `False`):
-            Train into an `output_dir` that already holds `checkpoint-*` folders without resuming: those
-            checkpoints are deleted first. Without it such a run stops with an error (pass
-            `resume_from_checkpoint=True` to continue from the last one), so a rerun never mixes two runs'
-            checkpoints.
+            Train into an `output_dir` that already holds `checkpoint-*` folders or a finished model without
+            resuming: those checkpoints and the model's weight files are deleted first. Without it such a run stops
+            with an error (pass `resume_from_checkpoint=True` to continue from the last checkpoint), so a rerun
+            never mixes two runs' checkpoints nor replaces a finished model unasked.
 
     Activation checkpointing is on by default (TRL's default), under transformers' name
     `activation_checkpointing`; the deprecated `gradient_checkpointing` is still read when set.
@@ -164,7 +164,10 @@ class T3DConfig(_BaseConfig):
     disable_dropout: bool = field(default=True, metadata={"help": "Disable dropout in the model."})
     overwrite_output_dir: bool = field(
         default=False,
-        metadata={"help": "Delete the checkpoints already in output_dir instead of refusing to train there."},
+        metadata={
+            "help": "Delete the checkpoints and the finished model already in output_dir instead of refusing to "
+            "train there."
+        },
     )
 
     def __post_init__(self):
