@@ -200,6 +200,8 @@ def _run(driver, prompt: str) -> None:
     driver.find_element(By.CSS_SELECTOR, "#t3d-run").click()
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_browser_runs_the_sort2_teacher_and_survives_bad_input(browser_page, tmp_path):
     from selenium.webdriver.common.by import By
 
