@@ -400,3 +400,34 @@ def test_generate_and_eval_take_the_cache_setting(saved_models, tmp_path, capsys
         "schedule": "dream",
     }
     assert DiffusionGenerationConfig().update(cache="dual").cache_implementation == "dual"
+
+
+def test_eval_rerun_evaluates_a_retrained_model_again_and_says_so(
+    tokenizer, benchmark_files, tmp_path, monkeypatch, caplog
+):
+    # Issue 26: the same command after retraining into the model's folder used to print "skipping 1 run(s)" and
+    # keep results of weights that no longer exist.
+    import torch
+
+    model = build_block_causal_model(tokenizer, max_position_embeddings=1024)
+    path = tmp_path / "t3d-out"
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    output = tmp_path / "eval"
+    calls = count_runs(monkeypatch)
+    argv = small_grid([f"t3d={path}"], benchmark_files, output)
+    assert main(argv) == 0 and len(calls) == 1
+    assert main(argv) == 0 and len(calls) == 1  # unchanged: skipped
+    with torch.no_grad():
+        model.lm_head.weight.mul_(-1.0)  # "retrained": same shapes, other weights
+    model.save_pretrained(path)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="t3d_trl"):
+        assert main(argv) == 0
+    assert len(calls) == 2  # evaluated again
+    changed = [r.getMessage() for r in caplog.records if "changed since its results" in r.getMessage()]
+    assert changed == [
+        f"model 't3d' ({path}) changed since its results in {output / 'results.json'} (weights or saved settings): "
+        "evaluating its 1 finished run(s) again"
+    ]
+    assert "skipping" not in caplog.text
