@@ -203,6 +203,7 @@ def _run(driver, prompt: str) -> None:
 
 
 @pytest.mark.slow  # a browser and a server: ~15 s; `make test` and CI run it
+@pytest.mark.subprocess
 def test_browser_runs_the_sort2_teacher_and_survives_bad_input(browser_page, tmp_path):
     from selenium.webdriver.common.by import By
 
