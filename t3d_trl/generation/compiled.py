@@ -111,6 +111,7 @@ class CompiledStep(EagerStep):
     def __init__(self, model: torch.nn.Module, mode: str):
         self.model_name = type(unwrap_model(model)).__name__
         self.mode = mode
+        self.cudagraphs = mode in ("reduce-overhead", "max-autotune")
         # Automatic dynamic shapes: the first shape of a function compiles a specialised graph, a second one a
         # graph generic in the dimensions that changed, so modes whose window length changes per block (prefix,
         # and the no-cache canvas of block-causal models) compile twice, not once per block.
@@ -130,6 +131,9 @@ class CompiledStep(EagerStep):
         key = tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor))
         first = key not in self._seen
         began = time.perf_counter()
+        if self.cudagraphs:
+            # Each step is a new iteration: the previous step's logits (read already) may be overwritten.
+            torch.compiler.cudagraph_mark_step_begin()
         try:
             out = self._forward(*args)
         except Exception as error:  # noqa: BLE001 -- any compiler failure means: decode eagerly
