@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, TypeVar
@@ -92,3 +95,18 @@ def check_process_count(world_size: int, what: str, consequence: str) -> None:
             "process; without GPUs accelerate starts several processes only under mpirun). "
             f"{CPU_PROCESSES_HELP}, or unset MASTER_ADDR to run one process"
         )
+
+
+@contextmanager
+def without_checkpointing_deprecation() -> Iterator[None]:
+    """Silence transformers' ``is_gradient_checkpointing is deprecated`` FutureWarning for the calls inside.
+
+    peft (``get_peft_model``, ``PeftModel.from_pretrained``) and TRL (``disable_gradient_checkpointing``) still
+    read the old attribute; a user cannot act on the warning our calls into them raise, so it is not shown.
+    Any other warning is.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message=".*is_gradient_checkpointing.*deprecated", category=FutureWarning
+        )
+        yield

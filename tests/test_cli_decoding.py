@@ -196,3 +196,25 @@ def test_recipe_keys_and_flags_name_the_closest(tmp_path):
         parse_recipe(
             [EvalConfig], ["--models", "m", "--benchmark", "gsm8k"], prog="t3d-trl eval", description=""
         )
+
+
+@pytest.mark.parametrize(
+    ("argv", "full"),
+    [
+        (["train", "--max_step", "5"], "--max_steps"),
+        (["eval", "--models", "m", "--output_di", "x"], "--output_dir"),
+        (["collect", "--output_di", "x"], "--output_dir"),
+        (["quickstart", "--output_di", "x"], "--output_dir"),
+        (["generate", "--model", "m", "--prompt", "p", "--verbos"], "--verbose"),
+        (["analyze", "--model", "m", "--trajectories", "t", "--sample", "4"], "--samples"),
+        (["convert", "a", "b", "--dtyp", "bfloat16"], "--dtype"),
+        (["playground", "--por", "1"], "--port"),
+    ],
+)
+def test_no_command_takes_an_abbreviated_flag(argv, full, capsys):
+    from t3d_trl.cli.main import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"unknown flag {argv[-2] if argv[-1][0] != '-' else argv[-1]}; did you mean {full}?" in err, err
+    assert "Traceback" not in err

@@ -163,6 +163,35 @@ def test_rerun_resumes_or_refuses_and_leaves_no_cache_files(files, tmp_path, cap
     assert sorted(p.name for p in (tmp_path / "o").glob("checkpoint-*")) == ["checkpoint-1"]
 
 
+def test_lora_training_and_adapter_loading_raise_no_deprecation_warning(files, tmp_path):
+    # peft and TRL read transformers' deprecated is_gradient_checkpointing inside our calls (get_peft_model, the
+    # reference adapter's disable_gradient_checkpointing, PeftModel.from_pretrained): nothing a user can act on.
+    import warnings
+
+    from t3d_trl.evaluation.runner import load_model
+
+    model_dir, data_dir = files
+    argv = ["train", "--model_name_or_path", str(model_dir), "--dataset_name", str(data_dir)]
+    argv += [
+        "--output_dir",
+        str(tmp_path / "lora"),
+        "--use_peft",
+        "true",
+        "--lora_r",
+        "4",
+        "--loss_type",
+        "t3d",
+    ]
+    argv += ["--per_device_train_batch_size", "2"]
+    for key, value in SETTINGS.items():
+        argv += [f"--{key}", str(value)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main(argv) == 0
+        load_model(str(tmp_path / "lora"), device="cpu")
+    assert not [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
+
+
 def test_resume_skips_a_checkpoint_with_damaged_weights(files, tmp_path, capsys, caplog, monkeypatch):
     recipe = one_process_recipe(files, tmp_path, save_strategy="steps", save_steps=3, max_steps=6)
     recipe["per_device_train_batch_size"] = 2

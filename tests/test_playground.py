@@ -236,6 +236,7 @@ def _run(driver, prompt: str, timeout: float = 120.0) -> str:
 
 
 @pytest.mark.slow  # a browser and a server: ~15 s; `make test` and CI run it
+@pytest.mark.subprocess
 def test_browser_runs_the_sort2_teacher_and_survives_bad_input(browser_page, tmp_path):
     from selenium.webdriver.common.by import By
 

@@ -28,7 +28,9 @@ from t3d_trl.evaluation.benchmarks import get_benchmark
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes"
 ACCELERATE = RECIPES / "accelerate"
-FOLDERS = sorted(p.name for p in RECIPES.iterdir() if p.is_dir() and p != ACCELERATE)
+# The CPU getting-started recipes (a packaged teacher, smoke-sized) run in tests/test_getting_started.py.
+CPU_DEMO = RECIPES / "cpu-demo"
+FOLDERS = sorted(p.name for p in RECIPES.iterdir() if p.is_dir() and p not in (ACCELERATE, CPU_DEMO))
 GLOBAL_BATCH = 256  # the paper's sequences per optimizer step
 
 
@@ -39,7 +41,9 @@ def command_of(path: Path) -> str:
 
 RECIPE_FILES = {
     command: [
-        p for p in sorted(RECIPES.glob("*/*.yaml")) if p.parent != ACCELERATE and command_of(p) == command
+        p
+        for p in sorted(RECIPES.glob("*/*.yaml"))
+        if p.parent not in (ACCELERATE, CPU_DEMO) and command_of(p) == command
     ]
     for command in ("collect", "train", "eval")
 }
@@ -67,6 +71,8 @@ def parse(monkeypatch):
     monkeypatch.chdir(REPO)  # recipes name their accelerate config relative to the repository root
     monkeypatch.setattr(collect_cli, "run", lambda config: captured.update(value=config) or [])
     monkeypatch.setattr(train_cli, "run", lambda *parsed: captured.update(value=parsed) or "")
+    # The paper's models, data and DeepSpeed are not here: the input checks are tests/test_cli_checks.py's.
+    monkeypatch.setattr(train_cli, "check_inputs", lambda model_args, data: None)
     monkeypatch.setattr(train_cli, "_relaunch", lambda config, argv: captured.update(launch=config) or 0)
     monkeypatch.setattr(report, "accuracy_table", lambda results: "")
     monkeypatch.setattr(

@@ -18,9 +18,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from .parsing import ArgumentParser
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="t3d-trl analyze", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(

@@ -38,6 +38,12 @@ def check_dataset_source(name: str, what: str = "dataset_name") -> None:
 
     ``datasets`` would otherwise report a mistyped folder as a failed connection to the Hub, with a traceback.
     """
+    if name.startswith("demo:"):  # a demo task by name (collect)
+        from ..demo.tasks import DEMO_TASKS
+
+        if name[5:] not in DEMO_TASKS:
+            raise ValueError(f"{what}: unknown demo task {name[5:]!r}; available: {sorted(DEMO_TASKS)}")
+        return
     path = Path(name)
     if path.suffix.lower() in DATA_FILE_BUILDERS and not path.is_dir():
         if not path.is_file():

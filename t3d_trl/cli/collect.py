@@ -32,7 +32,9 @@ class CollectConfig(DiffusionGenerationConfig):
         model_revision: Hub revision of the teacher.
         tokenizer_name_or_path: defaults to the model's.
         dtype: ``auto`` or a torch dtype name (``bfloat16``, ``float32``, ...).
-        dataset_name: a Hub dataset, a local ``.json``/``.jsonl``/``.parquet``/``.csv`` file, or a folder.
+        dataset_name: a Hub dataset, a local ``.json``/``.jsonl``/``.parquet``/``.csv`` file, a folder, or
+            ``demo:<task>`` (a demo task's generated prompts: ``demo:wordsort``; columns ``id``, ``prompt``,
+            ``answer``).
         dataset_config: the Hub dataset's configuration (subset).
         dataset_split: the split to decode.
         limit: decode only the first ``limit`` rows.
@@ -61,7 +63,9 @@ class CollectConfig(DiffusionGenerationConfig):
     model_revision: str | None = None
     tokenizer_name_or_path: str | None = None
     dtype: str = "auto"
-    dataset_name: str | None = field(default=None, metadata={"help": "Hub dataset, local file or folder"})
+    dataset_name: str | None = field(
+        default=None, metadata={"help": "Hub dataset, local file or folder, or demo:<task>"}
+    )
     dataset_config: str | None = None
     dataset_split: str = "train"
     limit: int | None = None
@@ -110,10 +114,18 @@ def _is_torch_dtype(name: str) -> bool:
     return isinstance(getattr(torch, name, None), torch.dtype)
 
 
+DEMO_PREFIX = "demo:"
+
+
 def load_source_dataset(name: str, config: str | None = None, split: str = "train") -> datasets.Dataset:
-    """A Hub dataset (``datasets.load_dataset``), a local data file, or a local folder."""
+    """A Hub dataset (``datasets.load_dataset``), a local data file, a local folder, or ``demo:<task>`` (a demo
+    task's ``train`` or ``test`` split, :meth:`t3d_trl.demo.DemoTask.split`)."""
     import datasets
 
+    if name.startswith(DEMO_PREFIX):  # a demo task by name: its generated rows (prompt, answer, id)
+        from ..demo.tasks import get_task
+
+        return datasets.Dataset.from_list(get_task(name[len(DEMO_PREFIX) :]).split(split))
     path = Path(name)
     if path.is_file() or path.suffix.lower() in DATA_FILE_BUILDERS:  # a missing data file is no Hub repo
         return load_data_file(path, split)
@@ -136,9 +148,9 @@ def run(config: CollectConfig) -> datasets.Dataset:
     from ..data.trajectories import _process_group, collect_trajectories, collection_summary
     from ..models.auto import check_model_source
 
-    check_dataset_source(config.dataset_name)  # both before anything loads
-    check_model_source(config.model_name_or_path, revision=config.model_revision)
+    check_dataset_source(config.dataset_name)  # one line instead of datasets' Hub traceback
     source = load_source_dataset(config.dataset_name, config.dataset_config, config.dataset_split)
+    check_model_source(config.model_name_or_path, revision=config.model_revision)  # before the teacher loads
     if config.limit is not None:
         source = source.select(range(min(config.limit, len(source))))
     model_kwargs: dict[str, Any] = {

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import argparse
 
+from .parsing import ArgumentParser
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="t3d-trl convert", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("src", help="published checkpoint: local folder or Hub repo id")

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
 import platform
 from importlib import metadata
+
+from .parsing import ArgumentParser
 
 PACKAGES = (
     "t3d-trl",
@@ -41,7 +42,7 @@ def collect() -> dict[str, str]:
 
 
 def main(argv: list[str]) -> int:
-    argparse.ArgumentParser(prog="t3d-trl env", description=__doc__).parse_args(argv)
+    ArgumentParser(prog="t3d-trl env", description=__doc__).parse_args(argv)
     for key, value in collect().items():
         print(f"- {key}: {value}")
     return 0

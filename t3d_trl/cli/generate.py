@@ -91,8 +91,12 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
     if args.verbose:
+        # Said in words: a model or task without an end-of-sequence token (the demo tasks) never "finishes".
+        finished = (
+            "True" if out.finished[0] else f"False (no EOS within max_new_tokens={config.max_new_tokens})"
+        )
         print(
-            f"nfe={out.nfe[0]} tokens={out.num_tokens[0]} finished={out.finished[0]} "
+            f"nfe={out.nfe[0]} tokens={out.num_tokens[0]} finished={finished} "
             f"seconds={out.seconds:.3f} tokens/s={out.tokens_per_second:.1f}",
             file=sys.stderr,
         )

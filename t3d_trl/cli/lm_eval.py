@@ -5,13 +5,65 @@
 
 Every argument is ``lm_eval``'s, and so is the output (the results table, ``--output_path`` files); the ``t3d``
 model also logs its NFE and tokens per second and writes them to the results' ``config.t3d_decoding``. See
-:mod:`t3d_trl.integrations.lm_eval` for the model arguments. Needs ``pip install "t3d-trl[lm_eval]"``.
+:mod:`t3d_trl.integrations.lm_eval` for the model arguments: every decoding field of
+:class:`~t3d_trl.DiffusionGenerationConfig` is one (``--model_args pretrained=...,top_k=5``). A task YAML's
+local ``dataset_kwargs.data_files`` are read relative to the YAML (lm_eval itself reads them relative to the
+working folder), so ``--include_path`` task folders run from anywhere. Needs ``pip install "t3d-trl[lm_eval]"``.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+
+def _resolve_data_files(data_files: Any, folder: Path) -> Any:
+    """Relative paths that exist next to the YAML, made absolute (others are left to lm_eval: Hub files, globs)."""
+    if isinstance(data_files, str):
+        local = folder / data_files
+        return str(local) if not Path(data_files).is_absolute() and local.exists() else data_files
+    if isinstance(data_files, list):
+        return [_resolve_data_files(item, folder) for item in data_files]
+    if isinstance(data_files, dict):
+        return {split: _resolve_data_files(item, folder) for split, item in data_files.items()}
+    return data_files
+
+
+@contextmanager
+def data_files_relative_to_yaml():
+    """While lm_eval builds its tasks, read each task YAML's local ``data_files`` relative to the YAML."""
+    from lm_eval.tasks import _factory
+
+    original = _factory.load_yaml
+
+    def load_yaml(path: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        config = original(path, *args, **kwargs)
+        dataset_kwargs = config.get("dataset_kwargs")
+        if isinstance(dataset_kwargs, dict) and "data_files" in dataset_kwargs:
+            folder = Path(path).expanduser().resolve().parent
+            dataset_kwargs["data_files"] = _resolve_data_files(dataset_kwargs["data_files"], folder)
+        return config
+
+    _factory.load_yaml = load_yaml
+    try:
+        yield
+    finally:
+        _factory.load_yaml = original
+
+
+def t3d_model_arguments_help() -> str:
+    """The ``--model_args`` of the ``t3d`` model that set decoding, from ``DiffusionGenerationConfig`` itself."""
+    from .decoding import decoding_fields
+
+    names = [f.name for f in decoding_fields() if f.name != "eos_token_id"]  # model_args take no lists
+    return (
+        "\nmodel arguments of --model t3d (--model_args pretrained=PATH,key=value,...): pretrained, tokenizer, peft, "
+        "dtype, device, batch_size, seed, mc_num, mc_batch_size, and every decoding setting (unset: the model's "
+        f"saved one): {', '.join(names)}. See docs/cli.md#decoding-options."
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -33,8 +85,11 @@ def main(argv: list[str]) -> int:
     saved = sys.argv
     sys.argv = ["lm-eval", *argv]  # lm-eval's parser reads sys.argv
     try:
-        cli_evaluate()
+        with data_files_relative_to_yaml():
+            cli_evaluate()
     except SystemExit as exit_:  # --help and argument errors
+        if any(a in ("-h", "--help") for a in argv):
+            print(t3d_model_arguments_help())
         return exit_.code if isinstance(exit_.code, int) else 0 if exit_.code is None else 1
     finally:
         sys.argv = saved

@@ -157,6 +157,16 @@ def parse_recipe(
     argv = list(argv)
     if argv and argv[-1] == "--config":
         raise RecipeError("--config needs a recipe file: --config RECIPE.yaml")
+    flags = list(argv)
+    if "--config" in flags:  # TrlParser reads it; the rest are flags
+        del flags[flags.index("--config") : flags.index("--config") + 2]
+    # An unknown flag first: the dataclasses' own checks (run while parsing) would otherwise speak first.
+    try:
+        extras = argparse.ArgumentParser.parse_known_args(parser, flags)[1]
+    except RecipeError:
+        extras = []  # a bad value: reported by the parse below
+    if extras:
+        raise RecipeError(unknown_flags_message(parser, extras))
     try:
         *parsed, unknown_keys, extras = parser.parse_args_and_config(
             args=argv, return_remaining_strings=True, separate_remaining_strings=True

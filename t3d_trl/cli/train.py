@@ -92,6 +92,17 @@ def run(model_args: ModelConfig, data: TrainDataConfig, args: Any) -> str:
     return args.output_dir
 
 
+def check_inputs(model_args: ModelConfig, data: TrainDataConfig) -> None:
+    """Everything that can be checked before anything loads (one line instead of a traceback after a load): the
+    accelerate config and its backend, the model path or Hub id, and the dataset."""
+    if data.accelerate_config:
+        check_accelerate_config(data.accelerate_config)
+    from ..models.auto import check_model_source
+
+    check_model_source(model_args.model_name_or_path, revision=model_args.model_revision)
+    check_dataset_source(data.dataset_name)
+
+
 def _relaunch(config_file: str, argv: list[str]) -> int:
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", config_file]
     command += ["-m", "t3d_trl.cli.main", "train", *argv]
@@ -114,13 +125,7 @@ def main(argv: list[str]) -> int:
     ]
     if missing:
         raise RecipeError(f"train needs {', '.join(missing)} (in the recipe or as flags)")
-    # Everything that can be checked is, before anything loads: one line instead of a traceback after a load.
-    if data.accelerate_config:
-        check_accelerate_config(data.accelerate_config)
-    from ..models.auto import check_model_source
-
-    check_model_source(model_args.model_name_or_path)
-    check_dataset_source(data.dataset_name)
+    check_inputs(model_args, data)
     # Already one of several processes (accelerate launch, torchrun, SLURM): run here, do not relaunch.
     launched = os.environ.get(_LAUNCHED) or int(os.environ.get("WORLD_SIZE", "1")) > 1
     if data.accelerate_config and not launched:

@@ -45,6 +45,8 @@ from transformers import PreTrainedTokenizerFast, Qwen3Config
 from ..generation.configuration import DiffusionGenerationConfig
 
 SPECIAL_TOKENS = ("[PAD]", "[BOS]", "[EOS]", "[MASK]", "[UNK]")
+TRAIN_ROWS = 4096  # rows of a task's "train" split (DemoTask.split)
+TEST_ROWS = 256  # rows of its held-out "test" split
 
 
 class DemoTask(ABC):
@@ -105,6 +107,22 @@ class DemoTask(ABC):
                 {"id": f"{self.name}-{seed}-{i}", "prompt": " ".join(prompt), "answer": " ".join(answer)}
             )
         return rows
+
+    def split(self, split: str = "train", n: int | None = None) -> list[dict[str, Any]]:
+        """The task as a dataset split, what ``t3d-trl collect --dataset_name demo:<task>`` and the ``demo-<task>``
+        benchmark of ``t3d-trl eval`` read.
+
+        ``train``: the first ``n`` (default :data:`TRAIN_ROWS`) rows of ``sample(TRAIN_ROWS, seed=0)``. ``test``:
+        ``n`` (default :data:`TEST_ROWS`) held-out rows (seed 10000) whose prompts are in no ``train`` row.
+        """
+        if split == "train":
+            return self.sample(min(TRAIN_ROWS if n is None else n, TRAIN_ROWS), seed=0)
+        if split == "test":
+            n = TEST_ROWS if n is None else n
+            seen = {row["prompt"] for row in self.sample(TRAIN_ROWS, seed=0)}
+            rows = [row for row in self.sample(4 * n + 64, seed=10_000) if row["prompt"] not in seen]
+            return rows[:n]
+        raise ValueError(f"demo task {self.name!r} has the splits 'train' and 'test', not {split!r}")
 
     def tokenizer(self) -> PreTrainedTokenizerFast:
         """A word-level tokenizer over the special tokens (ids 0-4) and the task's words; left padding."""

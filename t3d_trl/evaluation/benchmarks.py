@@ -159,6 +159,7 @@ class Benchmark:
         prepare: optional ``example -> example`` applied after the column mapping (MBPP appends its tests to
             the problem statement).
         offline_rows: optional ``() -> rows`` used when the Hub cannot be reached.
+        rows: optional ``() -> rows``: a benchmark generated in code (the demo tasks), read instead of the Hub.
         code_extraction: code benchmarks only: how code is cut out of a completion, passed to the checker as
             ``extraction=``: ``"entry_point"`` (evalplus-like, the default of MBPP and HumanEval) or
             ``"last_block"`` (the paper's rule); see :func:`t3d_trl.evaluation.sandbox.extract_code`.
@@ -174,6 +175,7 @@ class Benchmark:
     split: str = "test"
     prepare: Callable[[Example], Example] | None = None
     offline_rows: Callable[[], list[dict[str, Any]]] | None = None
+    rows: Callable[[], list[dict[str, Any]]] | None = None
     code_extraction: CodeExtraction | None = None
 
     def __post_init__(self) -> None:
@@ -190,7 +192,10 @@ class Benchmark:
 
     def load(self, data_files: str | os.PathLike | None = None, limit: int | None = None) -> list[Example]:
         """The first ``limit`` examples, from ``data_files`` (a local file with the Hub schema) or the Hub."""
-        rows = load_rows(data_files, limit) if data_files is not None else self._hub_rows(limit)
+        if data_files is not None:
+            rows = load_rows(data_files, limit)
+        else:
+            rows = _head(self.rows(), limit) if self.rows is not None else self._hub_rows(limit)
         return [self.to_example(row, index) for index, row in enumerate(rows)]
 
     def _hub_rows(self, limit: int | None) -> list[dict[str, Any]]:

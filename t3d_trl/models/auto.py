@@ -24,6 +24,7 @@ from ..diffusion.forward import unwrap_model
 from ..generation.configuration import CONFIG_KEY as GENERATION_KEY
 from ..generation.configuration import DiffusionGenerationConfig
 from ..generation.mixin import DiffusionGenerationMixin
+from ..utils import without_checkpointing_deprecation
 from .convert import locate_weights
 from .families import FAMILIES, ModelFamily, get_family
 from .families.base import CONFIG_FILE, GENERATION_CONFIG_FILE, read_json
@@ -187,7 +188,8 @@ def _load_adapter(
     adapter_kwargs = {
         k: hub_kwargs[k] for k in ("revision", "subfolder", "token", "cache_dir") if k in hub_kwargs
     }
-    return PeftModel.from_pretrained(model, name_or_path, **adapter_kwargs)
+    with without_checkpointing_deprecation():  # peft reads a deprecated transformers attribute
+        return PeftModel.from_pretrained(model, name_or_path, **adapter_kwargs)
 
 
 def _infer_diffusion_config(name_or_path: str, config: Any, hub_kwargs: dict[str, Any]) -> DiffusionConfig:

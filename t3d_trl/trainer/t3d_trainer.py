@@ -29,6 +29,7 @@ from ..data.schema import TrajectoryMetadata
 from ..diffusion.forward import accepts_4d_mask, diffusion_forward, unwrap_model
 from ..generation.configuration import DiffusionGenerationConfig
 from ..models.auto import AutoModelForDiffusionLM, save_adapter_defaults
+from ..utils import without_checkpointing_deprecation
 from . import checkpoints, losses
 from .checks import check_launch, check_student
 from .model_card import PAPER, write_model_card
@@ -189,7 +190,8 @@ class T3DTrainer(_BaseTrainer):
                 raise ValueError("pass either a PeftModel or a peft_config, not both")
             from peft import get_peft_model
 
-            model = get_peft_model(model, peft_config)
+            with without_checkpointing_deprecation():  # peft reads a deprecated transformers attribute
+                model = get_peft_model(model, peft_config)
         self._ref_adapter = self._needs_reference and is_peft_model(model)
         self._trained_adapter = add_reference_adapter(model) if self._ref_adapter else None
         if is_peft_model(model) and args.gradient_checkpointing:
@@ -320,6 +322,7 @@ class T3DTrainer(_BaseTrainer):
         if self._ref_adapter:
             student = self.accelerator.unwrap_model(self.model)
             with (
+                without_checkpointing_deprecation(),  # TRL's helper reads a deprecated transformers attribute
                 use_adapter(student, REF_ADAPTER),
                 disable_gradient_checkpointing(student, self.args.gradient_checkpointing_kwargs),
             ):
