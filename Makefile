@@ -9,7 +9,7 @@ CPU_TORCH ?= torch==2.13.0
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install demo test lint format bench clean
+.PHONY: install demo test test-fast lint format bench clean
 
 install: $(STAMP)
 
@@ -34,6 +34,10 @@ lint: install
 
 test: lint
 	$(BIN)/python -m pytest -q tests
+
+# The loop while working: every test but the slow ones (pipelines, benchmark scripts, several processes).
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not slow" tests
 
 format: install
 	$(BIN)/ruff check --fix .

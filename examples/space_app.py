@@ -27,6 +27,7 @@ demo = build_app(
     models,
     _words("T3D_TRL_COLUMNS") or None,
     trajectories=os.environ.get("T3D_TRL_TRAJECTORIES") or None,
+    allow_paths=False,  # visitors pick among these models; they cannot make the Space download others
 )
 
 if __name__ == "__main__":

@@ -7,11 +7,18 @@ import logging
 
 import pytest
 import yaml
-from testing_utils import build_bidirectional_model, build_block_causal_model, build_tokenizer
+from testing_utils import (
+    build_bidirectional_model,
+    build_block_causal_model,
+    build_tokenizer,
+    registered_benchmark,
+)
 
 from t3d_trl.cli.eval import EvalConfig
 from t3d_trl.cli.main import main
 from t3d_trl.data.prompts import format_user_message
+from t3d_trl.demo.quickstart import PACKAGED_TEACHERS
+from t3d_trl.evaluation.benchmarks import Benchmark
 from t3d_trl.evaluation.runner import generate_completions, load_model
 from t3d_trl.generation.configuration import DiffusionGenerationConfig
 
@@ -335,23 +342,55 @@ def test_generate_and_eval_take_an_adapter_folder(saved_models, benchmark_files,
     assert [e["model"] for e in saved["results"]] == ["lora"]
 
 
-def test_generate_and_eval_take_the_cache_setting(saved_models, capsys):
-    path = saved_models["llada-like"]
-    argv = ["generate", "--model", path, "--prompt", "What is 2+2?", "--max_new_tokens", "8"]
-    argv += ["--block_length", "4", "--tokens_per_step", "1", "--schedule", "sdar"]
+def test_generate_and_eval_take_the_cache_setting(saved_models, tmp_path, capsys):
+    # A trained bidirectional teacher, on a prompt and budget where the dual cache changes the completion (on a
+    # default-initialised model the cached and uncached completions are equal, so a dropped --cache would pass).
+    path = str(PACKAGED_TEACHERS / "wordsort_bidirectional")
+    prompt = "hint note cold jade rust kelp mint lamp"
+    argv = ["generate", "--model", path, "--prompt", prompt, "--tokens_per_step", "2"]
     assert main([*argv, "--cache", "dual"]) == 0
     model, tokenizer = load_model(path)
-    config = model.diffusion_generation_config.update(
-        max_new_tokens=8, block_length=4, tokens_per_step=1, schedule="sdar", cache="dual"
+    message = format_user_message("plain", {"problem": prompt})
+    expected, uncached = (
+        generate_completions(
+            model,
+            tokenizer,
+            [message],
+            model.diffusion_generation_config.update(tokens_per_step=2, cache=cache),
+            progress=False,
+        ).completions[0]
+        for cache in ("dual", "none")
     )
-    message = format_user_message("plain", {"problem": "What is 2+2?"})
-    expected = generate_completions(model, tokenizer, [message], config, progress=False)
-    assert capsys.readouterr().out == expected.completions[0] + "\n"
+    assert expected != uncached  # the setting shows in the output
+    assert capsys.readouterr().out == expected + "\n"
+    # eval decodes with it too: its sample is the dual-cache completion.
+    data = tmp_path / "wordsort.jsonl"
+    data.write_text(json.dumps({"id": "w0", "prompt": prompt}) + "\n")
+    benchmark = Benchmark(
+        name="wordsort-cache",
+        path="me/wordsort",
+        columns={"problem": "prompt", "id": "id"},
+        checker=lambda completions, examples: [True] * len(completions),
+    )
+    with registered_benchmark("wordsort-cache", benchmark):
+        grid = [
+            "eval",
+            "--models",
+            f"teacher={path}",
+            "--benchmarks",
+            "wordsort-cache",
+            "--no_use_chat_template",
+        ]
+        grid += ["--data_files", f"wordsort-cache={data}", "--block_lengths", "4", "--tokens_per_step", "2"]
+        assert main([*grid, "--cache", "dual", "--output_dir", str(tmp_path / "eval")]) == 0
+    (entry,) = json.loads((tmp_path / "eval" / "results.json").read_text())["results"]
+    (record,) = [json.loads(line) for line in (tmp_path / "eval" / entry["samples_file"]).open()]
+    assert record["completion"] == expected
     assert main([*argv, "--cache", "full"]) == 2
     assert "invalid choice: 'full'" in capsys.readouterr().err
     # The new spelling decodes the same, and use_cache=false turns the approximate cache off.
     assert main([*argv, "--cache_implementation", "dual"]) == 0
-    assert capsys.readouterr().out == expected.completions[0] + "\n"
+    assert capsys.readouterr().out == expected + "\n"
     # A block-causal model has its exact cache: the approximate one is refused with the reason.
     causal = ["generate", "--model", saved_models["sdar-like"], "--prompt", "hi", "--cache", "prefix"]
     assert main([*causal, "--max_new_tokens", "8"]) == 2
@@ -361,3 +400,34 @@ def test_generate_and_eval_take_the_cache_setting(saved_models, capsys):
         "schedule": "dream",
     }
     assert DiffusionGenerationConfig().update(cache="dual").cache_implementation == "dual"
+
+
+def test_eval_rerun_evaluates_a_retrained_model_again_and_says_so(
+    tokenizer, benchmark_files, tmp_path, monkeypatch, caplog
+):
+    # Issue 26: the same command after retraining into the model's folder used to print "skipping 1 run(s)" and
+    # keep results of weights that no longer exist.
+    import torch
+
+    model = build_block_causal_model(tokenizer, max_position_embeddings=1024)
+    path = tmp_path / "t3d-out"
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    output = tmp_path / "eval"
+    calls = count_runs(monkeypatch)
+    argv = small_grid([f"t3d={path}"], benchmark_files, output)
+    assert main(argv) == 0 and len(calls) == 1
+    assert main(argv) == 0 and len(calls) == 1  # unchanged: skipped
+    with torch.no_grad():
+        model.lm_head.weight.mul_(-1.0)  # "retrained": same shapes, other weights
+    model.save_pretrained(path)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="t3d_trl"):
+        assert main(argv) == 0
+    assert len(calls) == 2  # evaluated again
+    changed = [r.getMessage() for r in caplog.records if "changed since its results" in r.getMessage()]
+    assert changed == [
+        f"model 't3d' ({path}) changed since its results in {output / 'results.json'} (weights or saved settings): "
+        "evaluating its 1 finished run(s) again"
+    ]
+    assert "skipping" not in caplog.text

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from conftest import build_bidirectional_model, build_block_causal_model, build_modernbert_model
+from testing_utils import build_bidirectional_model, build_block_causal_model, build_modernbert_model
 
 from t3d_trl import DiffusionGenerationConfig
 from t3d_trl.generation.guidance import guide_logits

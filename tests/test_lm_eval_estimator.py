@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import build_bidirectional_model, build_block_causal_model
+from testing_utils import build_bidirectional_model, build_block_causal_model
 
 from t3d_trl.demo.quickstart import PACKAGED_TEACHERS
 from t3d_trl.integrations.lm_eval import DiffusionLM, stratified_masks
@@ -120,6 +120,7 @@ def teacher():
     return DiffusionLM(str(TEACHER), device="cpu", mc_num=MC_NUM, mc_batch_size=MC_NUM)
 
 
+@pytest.mark.slow  # ~5 s alone, more on a loaded machine: 10 requests enumerated and estimated twice
 def test_stratified_estimate_matches_the_exact_elbo_with_a_smaller_error(teacher, capsys):
     """sort2 (8-token answers, 255 masked subsets each): within 3 standard errors of the exact ELBO on every
     request, and a mean standard error at ``mc_num`` 1024 of at most 0.31 nats (``random_t``: about 0.36).

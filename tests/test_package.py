@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -67,3 +68,41 @@ def test_unknown_names_raise_attribute_error():
     with pytest.raises(AttributeError, match="no attribute 'T3DTrainerr'"):
         t3d_trl.T3DTrainerr  # noqa: B018
     assert "T3DTrainer" in dir(t3d_trl)
+
+
+def test_every_top_level_module_is_in_a_layer_of_the_import_contract():
+    # lint-imports (make lint) checks only the modules its layers name: a new package must take its place there.
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    pyproject = tomllib.loads((Path(t3d_trl.__file__).parents[1] / "pyproject.toml").read_text())
+    [contract] = [c for c in pyproject["tool"]["importlinter"]["contracts"] if c["type"] == "layers"]
+    layered = {name.strip() for layer in contract["layers"] for name in layer.split("|")}
+    package = Path(t3d_trl.__file__).parent
+    modules = {
+        f"t3d_trl.{p.stem}"
+        for p in package.iterdir()
+        if (p.is_dir() and (p / "__init__.py").exists()) or (p.suffix == ".py" and p.stem != "__init__")
+    }
+    assert modules - layered == set()
+
+
+# Functions still being split by another change; remove an entry once it is under the limit.
+LONG_FUNCTIONS_BEING_SPLIT = {"t3d_trl/generation/sampler.py::diffusion_generate"}
+
+
+def test_library_files_and_functions_stay_small():
+    """No library file over 600 lines, no function over 100 (a new feature gets a module named for what it holds)."""
+    import ast
+
+    root = Path(__file__).resolve().parents[1]
+    too_long = []
+    for path in sorted((root / "t3d_trl").rglob("*.py")):
+        source = path.read_text()
+        name = path.relative_to(root).as_posix()
+        if source.count("\n") > 600:
+            too_long.append(f"{name}: {source.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > 100 and f"{name}::{node.name}" not in LONG_FUNCTIONS_BEING_SPLIT:
+                    too_long.append(f"{name}::{node.name}: {length} lines")
+    assert not too_long, too_long

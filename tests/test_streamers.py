@@ -30,11 +30,12 @@ class Recorder(DiffusionStreamer):
 
 # (model kind, settings): every family, cache mode and decoding rule.
 CASES = [
-    ("bidirectional", {"cache": "none"}),
-    ("bidirectional", {"cache": "prefix"}),
-    ("bidirectional", {"cache": "dual"}),
+    ("bidirectional", {"cache_implementation": None}),
+    ("bidirectional", {"cache_implementation": "prefix"}),
+    ("bidirectional", {"cache_implementation": "dual"}),
     ("block_causal", {"use_cache": True}),
     ("block_causal", {"use_cache": False}),
+    ("bidirectional", {"cfg_scale": 1.0}),  # classifier-free guidance: two rows per row, one NFE
     ("modernbert", {}),
 ]
 BUILDERS = {

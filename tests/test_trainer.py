@@ -510,7 +510,7 @@ def test_zero3_reference_refresh_gathers_both_models_and_copies_on_rank_0(
     tokenizer, trajectories, tmp_path, monkeypatch, rank, caplog
 ):
     # Not a DeepSpeed run (DeepSpeed is not installed here): the ZeRO-3 branch with DeepSpeed's context managers
-    # mocked, against TRL's SyncRefModelCallback, which refreshes its reference models the same way.
+    # mocked: one gather of both models' parameters, modified on rank 0 only (the others receive rank 0's copy).
     import sys
 
     trainer = T3DTrainer(
@@ -533,18 +533,31 @@ def test_zero3_reference_refresh_gathers_both_models_and_copies_on_rank_0(
     copied = all(torch.equal(s, r) for s, r in zip(student, reference))
     assert copied is (rank == 0)  # the other ranks' copies come from rank 0 when the context exits
 
-    # TRL, same boundary: one gather of both models' parameters, modified on rank 0 only.
-    import trl.trainer.callbacks as trl_callbacks
+    # A LoRA student keeps its reference as the adapter "ref": the same boundary, over the two adapters' weights
+    # only (the trained adapter's, then the reference adapter's, in matching order).
+    from peft import LoraConfig
 
-    trl_fake = _fake_deepspeed(rank)
-    monkeypatch.setitem(sys.modules, "deepspeed", trl_fake)
-    state = SimpleNamespace(deepspeed_plugin=SimpleNamespace(zero_stage=3))
-    monkeypatch.setattr(trl_callbacks, "AcceleratorState", lambda: state)
-    target = build_bidirectional_model(tokenizer, seed=2)
-    trl_callbacks.SyncRefModelCallback.sync_target_model(trainer.model, target, 1.0)
-    [(params, modifier)] = trl_fake.gathered
-    assert modifier == 0 and [id(p) for p in params] == [id(p) for p in student + list(target.parameters())]
-    assert all(torch.equal(s, t) for s, t in zip(student, target.parameters())) is (rank == 0)
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    adapter_trainer = T3DTrainer(
+        build_bidirectional_model(tokenizer, seed=2),
+        config(tmp_path / "lora", loss_type="t3d", use_cpu=True),
+        train_dataset=trajectories["bidirectional"],
+        processing_class=tokenizer,
+        peft_config=lora,
+    )
+    named = dict(adapter_trainer.model.named_parameters())
+    trained = [n for n in named if ".default." in n]
+    with torch.no_grad():
+        for name in trained:
+            named[name].add_(1.0)
+    adapter_fake = _fake_deepspeed(rank)
+    monkeypatch.setitem(sys.modules, "deepspeed", adapter_fake)
+    adapter_trainer.sync_reference()
+    [(params, modifier)] = adapter_fake.gathered
+    expected = [named[n] for n in trained] + [named[n.replace(".default.", ".ref.")] for n in trained]
+    assert trained and modifier == 0 and [id(p) for p in params] == [id(p) for p in expected]
+    copied = all(torch.equal(named[n], named[n.replace(".default.", ".ref.")]) for n in trained)
+    assert copied is (rank == 0)
 
     # The sharded reference is not written into ZeRO-3 checkpoints; a resume re-syncs it (with a warning).
     folder = tmp_path / "checkpoint"

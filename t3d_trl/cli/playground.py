@@ -61,12 +61,14 @@ def main(argv: list[str]) -> int:
         return 2
     from ..models.auto import check_model_source
     from ..playground import build_app
-    from ..playground.session import ColumnSpec, default_models
+    from ..playground.session import ColumnSpec, default_models, quickstart_models
     from .eval import EvalConfig
 
-    models = default_models(args.quickstart_dir)
-    if args.models:
-        models = EvalConfig(models=args.models).model_paths()  # the names `eval` gives them
+    if args.models:  # named as `eval` names them; a quickstart run's models come too
+        quickstart = quickstart_models(args.quickstart_dir) if args.quickstart_dir else {}
+        models = {**quickstart, **EvalConfig(models=args.models).model_paths()}
+    else:
+        models = default_models(args.quickstart_dir)
     for path in models.values():
         check_model_source(path)
     columns = [ColumnSpec.parse(text) for text in args.columns]

@@ -14,8 +14,9 @@ access (and ideally as an unprivileged user, which also makes ``RLIMIT_NPROC`` e
 
 What each program gets
 ----------------------
-* A fresh interpreter, ``python -I -S`` (isolated mode: no ``PYTHON*`` variables, no user site,
-  no current directory on ``sys.path``), in its own session and process group
+* A fresh interpreter, ``python -I -S`` running :mod:`t3d_trl.evaluation.sandbox_child` as a file
+  (isolated mode: no ``PYTHON*`` variables, no user site, neither the script's folder nor the current
+  directory on ``sys.path``), in its own session and process group
   (``start_new_session=True``), with a minimal environment and a private temporary working
   directory (mode 0700, also ``HOME`` and ``TMPDIR``) that is deleted afterwards. The parent's
   site-packages directories are appended to ``sys.path`` so that third-party libraries stay

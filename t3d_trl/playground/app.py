@@ -155,6 +155,7 @@ def build_app(
     dtype: str = "auto",
     device: str | None = None,
     seconds_per_step: float = 0.15,
+    allow_paths: bool = True,
 ) -> Any:
     """The playground as a ``gradio.Blocks`` (call ``.launch()`` on it).
 
@@ -168,10 +169,14 @@ def build_app(
         trajectories: the replay tab's dataset (default: the quickstart run's trajectories, when given).
         dtype, device: how models load (see :func:`t3d_trl.evaluation.runner.load_model`).
         seconds_per_step: how long each step stays on screen (changeable in the page).
+        allow_paths: let the model boxes take any folder or Hub id, not only the names of ``models``
+            (``examples/space_app.py`` turns it off: a public page should not download what visitors type).
     """
     import gradio as gr
 
-    registry = ModelRegistry(models if models is not None else default_models(quickstart_dir), dtype, device)
+    registry = ModelRegistry(
+        models if models is not None else default_models(quickstart_dir), dtype, device, allow_paths
+    )
     specs = [ColumnSpec.parse(c) if isinstance(c, str) else c for c in columns or []]
     specs = specs or default_columns(registry.names, quickstart=quickstart_dir is not None)
     if len(specs) > MAX_COLUMNS:
@@ -183,7 +188,7 @@ def build_app(
     ):
         trajectories = str(Path(quickstart_dir) / "trajectories")
 
-    with gr.Blocks(title="t3d-trl playground") as app:
+    with gr.Blocks(title="t3d-trl playground", analytics_enabled=False) as app:
         gr.Markdown(_INTRO)
         with gr.Tab("Decode"):
             prompt = gr.Textbox(label="Prompt", lines=2, elem_id="t3d-prompt")
@@ -197,7 +202,7 @@ def build_app(
                 for i in range(MAX_COLUMNS):
                     spec = specs[i] if i < len(specs) else ColumnSpec(OFF)
                     with gr.Column(elem_id=f"t3d-column-{i}"):
-                        column_inputs, view = _column_inputs(gr, i, spec, registry.names)
+                        column_inputs, view = _column_inputs(gr, i, spec, registry)
                         inputs += column_inputs
                         views.append(view)
 
@@ -224,13 +229,14 @@ def build_app(
     return app
 
 
-def _column_inputs(gr: Any, index: int, spec: ColumnSpec, names: list[str]) -> tuple[list[Any], Any]:
+def _column_inputs(gr: Any, index: int, spec: ColumnSpec, registry: ModelRegistry) -> tuple[list[Any], Any]:
     """The inputs of one column (in ``COLUMN_FIELDS`` order) and its view, which sits under the model box."""
     model = gr.Dropdown(
-        [OFF, *names],
+        [OFF, *registry.names],
         value=spec.model,
-        allow_custom_value=True,
-        label=f"column {index + 1}: model (a name, a folder or a Hub id)",
+        allow_custom_value=registry.allow_paths,
+        label=f"column {index + 1}: model"
+        + (" (a name, a folder or a Hub id)" if registry.allow_paths else ""),
         elem_id=f"t3d-model-{index}",
     )
     view = gr.HTML(elem_id=f"t3d-view-{index}")

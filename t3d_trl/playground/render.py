@@ -72,10 +72,12 @@ def canvas_html(state: CanvasState) -> str:
 def stats_html(
     nfe: int, tokens: int | None = None, seconds: float | None = None, done: bool = False, label: str = "NFE"
 ) -> str:
-    """The numbers under a canvas: NFE so far (``label``), and when ``done``, tokens per forward pass and time."""
+    """The numbers under a canvas: NFE so far (``label``: ``NFE``, or ``steps`` for a replayed trajectory), and
+    when ``done``, tokens per forward pass (per step) and time."""
+    unit = "forward pass" if label == "NFE" else "step"
     parts = [f'{label} <b class="t3d-nfe">{nfe}</b>']
     if done and tokens is not None:
-        parts.append(f'<b class="t3d-tokps">{tokens / max(nfe, 1):.2f}</b> tokens per forward pass')
+        parts.append(f'<b class="t3d-tokps">{tokens / max(nfe, 1):.2f}</b> tokens per {unit}')
     if done and seconds is not None:
         parts.append(f'<b class="t3d-seconds">{seconds:.3f}</b> s')
     return (

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ..demo.quickstart import PACKAGED_TEACHERS
+from ..demo.quickstart import METHODS, PACKAGED_TEACHERS
 from ..generation.configuration import DiffusionGenerationConfig
 from ..generation.streamers import DiffusionStep, DiffusionStreamer, token_pieces, token_separator
 from .render import CanvasState, canvas_html, column_html, error_html, stats_html, text_html
@@ -78,11 +78,19 @@ class ModelRegistry:
     Args:
         models: name -> path / Hub id, or name -> an already loaded ``(model, tokenizer)``.
         dtype, device: as :func:`t3d_trl.evaluation.runner.load_model` takes them.
+        allow_paths: also load a path or Hub id that is not a registered name (a public page may want only
+            its own models: any visitor could otherwise make the server download any repo).
     """
 
-    def __init__(self, models: Mapping[str, Any], dtype: str = "auto", device: str | None = None) -> None:
+    def __init__(
+        self,
+        models: Mapping[str, Any],
+        dtype: str = "auto",
+        device: str | None = None,
+        allow_paths: bool = True,
+    ) -> None:
         self.sources = dict(models)
-        self.dtype, self.device = dtype, device
+        self.dtype, self.device, self.allow_paths = dtype, device, allow_paths
         self._loaded: dict[str, tuple[Any, Any]] = {
             name: value for name, value in self.sources.items() if isinstance(value, tuple)
         }
@@ -99,6 +107,8 @@ class ModelRegistry:
         name = name.strip()
         if not name:
             raise ValueError("no model chosen")
+        if name not in self.sources and not self.allow_paths:
+            raise ValueError(f"model {name!r} is not one of this page's models ({', '.join(self.sources)})")
         with self._lock:
             if name not in self._loaded:
                 self._loaded[name] = load_model(self.sources.get(name, name), self.dtype, self.device)
@@ -160,11 +170,7 @@ def default_columns(models: Sequence[str], quickstart: bool = False) -> list[Col
     if not models:
         return []
     teacher = "teacher" if quickstart and "teacher" in models else models[0]
-    students = [
-        name
-        for name in models
-        if quickstart and name not in ("teacher",) and name in ("t3d", "td", "redi", "dparallel")
-    ]
+    students = [name for name in METHODS if quickstart and name in models]  # t3d first
     student = students[0] if students else teacher
     return [
         ColumnSpec(teacher, tokens_per_step=1),

@@ -1,0 +1,84 @@
+"""The output_dir rules of ``t3d_trl.trainer.checkpoints``, on folders laid out as the trainer saves them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from t3d_trl.trainer import checkpoints
+
+
+def make_checkpoint(output_dir, step: int, complete: bool = True):
+    folder = output_dir / f"checkpoint-{step}"
+    folder.mkdir(parents=True)
+    save_file({"w": torch.ones(64)}, str(folder / "model.safetensors"))
+    save_file({"w": torch.ones(64)}, str(folder / "t3d_reference.safetensors"))
+    if complete:
+        (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    return folder
+
+
+def truncate(path, size: int = 100) -> None:
+    with open(path, "r+b") as f:
+        f.truncate(size)
+
+
+def test_resume_takes_the_last_checkpoint_that_loads(tmp_path, caplog):
+    make_checkpoint(tmp_path, 3)
+    make_checkpoint(tmp_path, 10)  # sorted by step, not by name
+    six = make_checkpoint(tmp_path, 6)
+    make_checkpoint(tmp_path, 12, complete=False)  # cut short while saved
+    truncate(tmp_path / "checkpoint-10" / "t3d_reference.safetensors", 40)  # any weights file counts
+    assert checkpoints.resume_checkpoint(tmp_path, "true") == str(six)
+    assert "checkpoint-12 has no trainer_state.json" in caplog.text
+    assert "checkpoint-10/t3d_reference.safetensors is damaged" in caplog.text
+    assert checkpoints.resume_checkpoint(tmp_path, "false") is None
+
+    weights = six / "model.safetensors"
+    truncate(weights, weights.stat().st_size - 16)  # header intact, the last tensor's data cut: still found
+    assert checkpoints.checkpoint_problem(six).startswith(f"{weights} is damaged")
+    with pytest.raises(ValueError, match=r"cannot resume from .*checkpoint-6: .* is damaged"):
+        checkpoints.resume_checkpoint(tmp_path, str(six))  # named explicitly, it must load too
+
+
+def test_no_checkpoint_to_resume_from_is_one_error(tmp_path):
+    with pytest.raises(ValueError, match="holds no checkpoint-\\* folder"):
+        checkpoints.resume_checkpoint(tmp_path, True)
+    truncate(make_checkpoint(tmp_path, 3) / "model.safetensors")
+    with pytest.raises(
+        ValueError, match="no checkpoint in .* loads: .*checkpoint-3/model.safetensors is damaged"
+    ):
+        checkpoints.resume_checkpoint(tmp_path, True)
+
+
+def test_a_fresh_run_refuses_checkpoints_and_finished_models_or_deletes_them(tmp_path):
+    checkpoints.clear_for_fresh_run(tmp_path / "new", overwrite=False, is_main=True)  # nothing there: fine
+    (tmp_path / "README.md").write_text("a model card alone is not a model")
+    checkpoints.clear_for_fresh_run(tmp_path, overwrite=False, is_main=True)
+    save_file({"w": torch.ones(4)}, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"already holds a finished model \(model.safetensors\)") as info:
+        checkpoints.clear_for_fresh_run(tmp_path, overwrite=False, is_main=True)
+    assert "resume_from_checkpoint" not in str(info.value)  # there is nothing to resume
+    make_checkpoint(tmp_path, 2)
+    with pytest.raises(
+        ValueError, match=r"already holds checkpoint-2, a finished model .*resume_from_checkpoint"
+    ):
+        checkpoints.clear_for_fresh_run(tmp_path, overwrite=False, is_main=True)
+    checkpoints.clear_for_fresh_run(tmp_path, overwrite=True, is_main=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md", "config.json"]
+
+
+def test_a_failed_save_leaves_no_folder_but_keeps_one_that_existed(tmp_path):
+    folder = tmp_path / "checkpoint-4"
+    with pytest.raises(KeyboardInterrupt), checkpoints.removed_on_failure(folder, is_main=True):
+        folder.mkdir()
+        raise KeyboardInterrupt
+    assert not folder.exists()
+    folder.mkdir()
+    with pytest.raises(OSError), checkpoints.removed_on_failure(folder, is_main=True):
+        raise OSError(28, "No space left on device")
+    assert folder.exists()  # not this save's folder to delete

