@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "getting_started.md"
 SECTION = "## On a CPU, offline: the whole loop on a packaged teacher"
@@ -36,6 +38,8 @@ def test_the_cpu_path_names_every_stage():
     assert "Gen-Verse" not in script and "JetLM" not in script  # nothing from the Hub
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_the_cpu_path_runs_verbatim_offline_in_a_fresh_folder(tmp_path):
     # The commands name recipes/ and the packaged teacher by paths relative to the repository root, as a user
     # in a fresh clone runs them; the outputs (t3d-cpu/) go to a fresh folder that sees the same two paths.
