@@ -38,7 +38,7 @@ def test_the_cpu_path_names_every_stage():
     assert "Gen-Verse" not in script and "JetLM" not in script  # nothing from the Hub
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # the whole CPU path, command by command (about a minute)
 @pytest.mark.subprocess
 def test_the_cpu_path_runs_verbatim_offline_in_a_fresh_folder(tmp_path):
     # The commands name recipes/ and the packaged teacher by paths relative to the repository root, as a user

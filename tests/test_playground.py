@@ -56,7 +56,8 @@ def test_decode_page_streams_each_column_and_names_bad_input():
         text, nfe = _expected(PROMPT, **spec.overrides())
         assert '<div class="t3d-text"' in html and f">{text}</div>" in html
         assert f'data-done="1" data-nfe="{nfe}"' in html and html.count('class="t3d-tok"') == 8
-    assert "t3d-mask" in frames[0][1][0]
+    assert 'data-state="running"' in frames[0][0] and 'data-state="done"' in frames[-1][0]
+    assert "t3d-mask" in frames[1][1][0]  # the first pass: one token committed, seven masked
 
     bad = [
         ColumnSpec("wordsort", cache="prefix"),  # settings a block-causal model refuses
@@ -69,7 +70,7 @@ def test_decode_page_streams_each_column_and_names_bad_input():
     assert "exceeds the model&#x27;s max_position_embeddings=64" in htmls[2]  # prompt too long
     assert all('class="t3d-error"' in html for html in htmls)
     status, htmls = next(decode_page(registry, "  ", True, 0, _values(*bad)))
-    assert "prompt is empty" in status and htmls == [None, None, None]
+    assert "prompt is empty" in status and 'data-state="error"' in status and htmls == [None, None, None]
     # A public page loads only its own models.
     closed = ModelRegistry({"sort2": SORT2}, allow_paths=False)
     status, htmls = list(decode_page(closed, PROMPT, True, 0, _values(ColumnSpec(SORT2))))[-1]
@@ -162,7 +163,7 @@ def browser_page():
 
     chromium, driver_path = _browser_paths()
     port = free_port()
-    app = build_app({"sort2": SORT2}, ["sort2:tokens_per_step=2"], seconds_per_step=0.3)
+    app = build_app({"sort2": SORT2}, ["sort2:tokens_per_step=2"], seconds_per_step=0.6)
     app.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
@@ -187,10 +188,31 @@ def _wait(driver, css: str, timeout: float = 120.0):
         if found:
             return found[0]
         time.sleep(0.05)
-    raise AssertionError(f"nothing matched {css!r} within {timeout} s")
+    shown = {
+        sel: [e.text for e in driver.find_elements(By.CSS_SELECTOR, sel)]
+        for sel in ("#t3d-status", "#t3d-view-0")
+    }
+    raise AssertionError(f"nothing matched {css!r} within {timeout} s; the page shows {shown}")
 
 
-def _run(driver, prompt: str) -> None:
+def _run_state(driver) -> tuple[int, str | None]:
+    """``(number, state)`` of the run the status shows (``(0, None)`` before the first)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    try:
+        runs = driver.find_elements(By.CSS_SELECTOR, "#t3d-status .t3d-run")
+        return (
+            (int(runs[0].get_attribute("data-run")), runs[0].get_attribute("data-state"))
+            if runs
+            else (0, None)
+        )
+    except StaleElementReferenceException:  # redrawn while read: read again
+        return _run_state(driver)
+
+
+def _run(driver, prompt: str, timeout: float = 120.0) -> str:
+    """Type ``prompt``, press Run and wait for that run to finish; returns its final state (done or error)."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
 
@@ -199,7 +221,18 @@ def _run(driver, prompt: str) -> None:
     box.send_keys(Keys.DELETE)
     if prompt:
         box.send_keys(prompt)
-    driver.find_element(By.CSS_SELECTOR, "#t3d-run").click()
+    last, _ = _run_state(driver)
+    deadline, clicked = time.monotonic() + timeout, -1e9
+    while time.monotonic() < deadline:
+        run, state = _run_state(driver)
+        if run > last and state != "running":
+            return state
+        if run == last and time.monotonic() - clicked > 10:
+            # Gradio ignores a click while the previous run is still closing: click again if none started.
+            driver.find_element(By.CSS_SELECTOR, "#t3d-run").click()
+            clicked = time.monotonic()
+        time.sleep(0.05)
+    raise AssertionError(f"the run of {prompt!r} did not finish within {timeout} s")
 
 
 @pytest.mark.slow  # a browser and a server: ~15 s; `make test` and CI run it
@@ -217,7 +250,7 @@ def test_browser_runs_the_sort2_teacher_and_survives_bad_input(browser_page, tmp
         " if (s && view.querySelector('.t3d-mask')) window.t3dSeen.add(s.dataset.nfe); })"
         ".observe(view, {subtree: true, childList: true, attributes: true, characterData: true});"
     )
-    _run(driver, PROMPT)
+    assert _run(driver, PROMPT) == "done"
     stats = _wait(driver, "#t3d-view-0 .t3d-stats[data-done='1']")
     shown = driver.execute_script("return Array.from(window.t3dSeen)")
     assert shown and set(shown) <= {"1", "2", "3"}, shown  # canvases with masks were streamed, step by step
@@ -232,13 +265,13 @@ def test_browser_runs_the_sort2_teacher_and_survives_bad_input(browser_page, tmp
     print(f"screenshot: {screenshot}")
 
     # Bad input: an empty prompt is named in the page; a prompt over the model's limit in its column.
-    _run(driver, "")
+    assert _run(driver, "") == "error"
     assert "prompt is empty" in _wait(driver, "#t3d-status .t3d-error").text
-    _run(driver, "a " * 70)
+    assert _run(driver, "a " * 70) == "done"
     error = _wait(driver, "#t3d-view-0 .t3d-error")
     assert "exceeds the model's max_position_embeddings=64" in error.text
     # The server still serves: a good run afterwards decodes again.
-    _run(driver, PROMPT)
+    assert _run(driver, PROMPT) == "done"
     _wait(driver, "#t3d-view-0 .t3d-stats[data-done='1']")
     assert driver.find_element(By.CSS_SELECTOR, "#t3d-view-0 .t3d-text").text == text
     assert not driver.find_elements(By.CSS_SELECTOR, "#t3d-status .t3d-error")

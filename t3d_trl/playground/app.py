@@ -8,6 +8,7 @@ that they can be driven without a browser.
 
 from __future__ import annotations
 
+import itertools
 import queue
 import time
 from collections import deque
@@ -86,16 +87,23 @@ def decode_page(
     """The Run button: yields ``(status HTML, [column HTML or None (unchanged)])`` after every shown step.
 
     Every column advances one forward pass per frame, so a few-step student finishes in fewer frames than its
-    teacher; the decoding itself runs column after column in the background at full speed.
+    teacher; the decoding itself runs column after column in the background at full speed. The status carries
+    the run's number and state (``data-run``, ``data-state``: running, done or error), so that a page script or
+    a test knows which run it shows.
     """
+    run = next(_RUNS)
     specs = column_specs(values)
+    problem = None
     if not (prompt or "").strip():
-        yield error_html("The prompt is empty: type a prompt, then Run."), [None] * len(specs)
-        return
-    if not any(specs):
-        yield error_html("Every column is off: choose a model in at least one column."), [None] * len(specs)
+        problem = "The prompt is empty: type a prompt, then Run."
+    elif not any(specs):
+        problem = "Every column is off: choose a model in at least one column."
+    if problem is not None:
+        yield _status(run, "error", error_html(problem)), [None] * len(specs)
         return
     views = [ColumnView(spec.label) if spec else None for spec in specs]
+    htmls = [view.html() if view else _off() for view in views]
+    yield _status(run, "running", "decoding&hellip;"), htmls
     events = run_columns(registry, prompt, specs, use_chat_template)
     pending: list[deque] = [deque() for _ in specs]
     running = True
@@ -110,12 +118,23 @@ def decode_page(
                 event = events.get_nowait()
         except queue.Empty:
             pass
+        stepped = False
         for view, spec, todo in zip(views, specs, pending):
             if todo:
+                stepped |= todo[0][1] == "step"
                 _show(view, spec, registry, todo.popleft())
-        yield "", [view.html() if view else _off() for view in views]
-        if (running or any(pending)) and seconds_per_step > 0:
-            time.sleep(seconds_per_step)  # every frame stays on screen, however fast the model decodes
+        htmls = [view.html() if view else _off() for view in views]
+        yield _status(run, "running", "decoding&hellip;"), htmls
+        if stepped and seconds_per_step > 0:
+            time.sleep(seconds_per_step)  # every step stays on screen, however fast the model decodes
+    yield _status(run, "done", ""), htmls
+
+
+_RUNS = itertools.count(1)
+
+
+def _status(run: int, state: str, body: str) -> str:
+    return f'<div class="t3d-run" data-run="{run}" data-state="{state}">{body}</div>'
 
 
 def _show(view: ColumnView, spec: ColumnSpec, registry: ModelRegistry, event: tuple) -> None:
