@@ -22,6 +22,7 @@ def test_relative_data_files_resolve_against_the_yaml_folder():
     assert _resolve_data_files("missing.jsonl", TASKS) == "missing.jsonl"  # left to lm_eval to report
 
 
+@pytest.mark.slow  # lm_eval builds its task index
 def test_tasks_built_from_another_folder_read_the_yaml_s_data(tmp_path, monkeypatch):
     from lm_eval.tasks import TaskManager
 
