@@ -6,9 +6,9 @@ line start without loading torch, transformers and TRL until a command needs the
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from .utils import lazy_exports
 from .version import __version__
 
 # public name -> module that defines it
@@ -66,12 +66,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 't3d_trl' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
+__getattr__ = lazy_exports(__name__, _EXPORTS)
 
 
 def __dir__() -> list[str]:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 import os
+import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import fields
 from pathlib import Path
@@ -110,3 +112,18 @@ def without_checkpointing_deprecation() -> Iterator[None]:
             "ignore", message=".*is_gradient_checkpointing.*deprecated", category=FutureWarning
         )
         yield
+
+
+def lazy_exports(package: str, exports: dict[str, str]) -> Callable[[str], Any]:
+    """A package's PEP 562 ``__getattr__``: ``exports`` maps a public name to the module (relative to
+    ``package``) that defines it, imported on first use so that importing the package stays light."""
+
+    def __getattr__(name: str) -> Any:
+        if name not in exports:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        module = sys.modules[package]
+        value = getattr(importlib.import_module(exports[name], package), name)
+        setattr(module, name, value)  # later lookups skip this function
+        return value
+
+    return __getattr__

@@ -7,8 +7,9 @@ command line builds its decoding flags from :class:`DiffusionGenerationConfig` w
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ..utils import lazy_exports
 
 _EXPORTS = {
     "DiffusionGenerationConfig": ".configuration",
@@ -31,12 +32,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _EXPORTS)
 
 
 def __dir__() -> list[str]:

@@ -3,8 +3,9 @@ module (``models.diffusion_config``) does not load ``models.auto`` and, through 
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ..utils import lazy_exports
 
 _EXPORTS = {
     "AutoModelForDiffusionLM": ".auto",
@@ -16,12 +17,7 @@ _EXPORTS = {
 __all__ = ["AutoModelForDiffusionLM", "DiffusionConfig", "add_diffusion_generation", "convert_checkpoint"]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _EXPORTS)
 
 
 if TYPE_CHECKING:
