@@ -6,7 +6,8 @@
 
 Writes ``results.json``, ``table.md`` (the paper's Table 1 layout), ``samples/`` and plots to ``output_dir``,
 and prints the table. Every model, benchmark, data file and setting is checked before the first generation; a
-rerun of the same command skips the runs already finished and merges ``results.json``. This is
+rerun of the same command skips the runs already finished (unless the model changed since: its weights or saved
+settings differ from the fingerprint recorded with them) and merges ``results.json``. This is
 :func:`t3d_trl.evaluation.runner.run_grid` behind a recipe.
 """
 
@@ -25,7 +26,8 @@ from .parsing import parse_recipe
 _DESCRIPTION = (
     "Evaluate models side by side over benchmarks and decoding budgets (block lengths x tokens per step, "
     "dynamic thresholds); writes results.json, table.md, samples/ and plots to output_dir. Rerunning the same "
-    "command skips the runs already in output_dir/results.json and merges the new ones into it."
+    "command skips the runs already in output_dir/results.json (a model changed since is evaluated again) and "
+    "merges the new ones into it."
 )
 
 

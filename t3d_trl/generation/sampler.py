@@ -182,11 +182,12 @@ def _check_model(
         raise ValueError(
             f"mask_token_id={diffusion.mask_token_id} is outside the model's vocabulary of {vocab}"
         )
-    if diffusion.is_block_causal and not accepts_4d_mask(model):
+    is_decoder = accepts_4d_mask(model)
+    if diffusion.is_block_causal and not is_decoder:
         raise ValueError(
             f"block-causal decoding needs a decoder that takes 4D masks; {type(model).__name__} does not"
         )
-    config.check_model(diffusion.is_block_causal, accepts_4d_mask(model))
+    config.check_model(diffusion.is_block_causal, is_decoder)
     longest = int(valid.sum(-1).max())
     max_positions = getattr(model.config, "max_position_embeddings", None)
     if max_positions is not None and longest + config.max_new_tokens > max_positions:
