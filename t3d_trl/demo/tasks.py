@@ -22,6 +22,9 @@ Families (``DEMO_TASKS``):
   letter (32 tokens, 8 blocks of 4, one word per block; 2 modes). The first block fixes the direction and every
   later block is conditioned on the earlier ones (the next word in that order); letters of the first and the
   last word committed in one step spell no word. Its teacher is block-causal (SDAR-like, block size 4).
+* ``wordset``: the ``wordsort`` prompts; answer: the 8 words in ANY order, spelled (8! = 40,320 valid answers).
+  Every block is a choice among the words not yet written, so every block is multi-modal: where ``wordsort``
+  has one mode choice (block 0), ``wordset`` has one per block. Block-causal teacher, as ``wordsort``.
 * ``wordsort_bidirectional``: the same problems for a bidirectional teacher (LLaDA-like, full attention over
   the canvas), decoded in 8 blocks of 4; the multi-block regime of the approximate (Fast-dLLM) caches.
 
@@ -91,6 +94,10 @@ class DemoTask(ABC):
         """Exact-match validity: ``completion`` (tokens separated by whitespace) is one of the valid answers."""
         return tuple(completion.split()) in self._valid_answers(self._split_prompt(prompt))
 
+    def _draw_answer(self, prompt: list[str], rng: random.Random) -> tuple[str, ...]:
+        """One valid answer of ``prompt``, uniformly (families with many answers draw it without listing them)."""
+        return rng.choice(self._valid_answers(prompt))
+
     def sample(self, n: int, seed: int = 0) -> list[dict[str, Any]]:
         """``n`` rows ``{"id", "prompt", "answer"}``; the answer is drawn uniformly among the valid ones.
 
@@ -102,7 +109,7 @@ class DemoTask(ABC):
         rows = []
         for i in range(n):
             prompt = self._draw_prompt(rng)
-            answer = rng.choice(self._valid_answers(prompt))
+            answer = self._draw_answer(prompt, rng)
             rows.append(
                 {"id": f"{self.name}-{seed}-{i}", "prompt": " ".join(prompt), "answer": " ".join(answer)}
             )
@@ -263,6 +270,36 @@ class WordOrder(WordSort):
         return [tuple("".join(prompt)), tuple("".join(prompt[::-1]))]
 
 
+class WordSet(WordSort):
+    name = "wordset"
+    description = (
+        "8 distinct words out of 16; answer: the 8 words in any order, spelled out "
+        "(8! valid answers, 8 blocks of 4, every block a choice; block-causal teacher)"
+    )
+
+    def _valid_answers(self, prompt: list[str]) -> list[tuple[str, ...]]:
+        self._check(prompt)
+        return [tuple("".join(order)) for order in itertools.permutations(prompt)]
+
+    def _check(self, prompt: list[str]) -> None:
+        if any(word not in self.vocabulary for word in prompt) or len(set(prompt)) != len(prompt):
+            raise ValueError(f"{' '.join(prompt)!r} is not a wordset prompt: expected 8 distinct words")
+
+    def is_valid(self, prompt: str, completion: str) -> bool:
+        """Valid when the letters spell the prompt's 8 words, each once, in any order (no list of 40,320)."""
+        words = self._split_prompt(prompt)
+        self._check(words)
+        letters = completion.split()
+        if len(letters) != self.answer_length:
+            return False
+        spelled = ["".join(letters[i : i + 4]) for i in range(0, self.answer_length, 4)]
+        return sorted(spelled) == sorted(words)
+
+    def _draw_answer(self, prompt: list[str], rng: random.Random) -> tuple[str, ...]:
+        self._check(prompt)
+        return tuple("".join(rng.sample(prompt, len(prompt))))
+
+
 class WordSortBidirectional(WordSort):
     name = "wordsort_bidirectional"
     description = (
@@ -273,7 +310,8 @@ class WordSortBidirectional(WordSort):
 
 
 DEMO_TASKS: dict[str, DemoTask] = {
-    task.name: task for task in (Sort2(), Words(), Add(), WordSort(), WordOrder(), WordSortBidirectional())
+    task.name: task
+    for task in (Sort2(), Words(), Add(), WordSort(), WordOrder(), WordSet(), WordSortBidirectional())
 }
 
 
