@@ -1,29 +1,31 @@
-"""The method study in the paper's regime (docs/method_study.md): T3D against every baseline on ``wordsort``.
+"""The method study, converged (docs/method_study.md): T3D against every baseline, with learning curves.
 
-``wordsort`` is block-causal (an SDAR-like tiny Qwen3, block 4) with 32-token answers (8 blocks): the first block
-fixes the order (ascending or descending) and every later block depends on the earlier ones. For every seed the
-packaged teacher (``examples/train_demo_teacher.py --task wordsort``) decodes the training prompts one token per
-step; each objective then distils a fresh copy of it on the SAME trajectories with the SAME optimizer steps, and
-every model is evaluated on held-out prompts at TokPS 1, 2 and 4 and with dynamic decoding (threshold 0.9).
+Two block-causal embedded tasks (``--task``): ``wordsort`` (8 words sorted ascending or descending: one mode
+choice, in block 0) and ``wordset`` (the 8 words in any order: a choice in every block). For every seed the
+packaged teacher of the task decodes the training prompts one token per step (greedy, or sampled at
+``--trajectory_temperature``); each objective then distils a fresh copy of it on the SAME trajectories with the
+SAME optimizer steps, and is evaluated on held-out prompts at TokPS 1, 2 and 4 and with dynamic decoding
+(threshold 0.9) at every checkpoint of ``--checkpoints`` along ONE run (no retraining per point, the run's later
+steps unchanged by the evaluations: :class:`t3d_trl.trainer.EvaluateAtSteps`).
 
-* Main comparison (``--seeds``, reported): the teacher; ``t3d`` in the recommended setting (``RECOMMENDED``);
-  ``t3d_paper`` (the paper's T3D settings); ``ddo``, ``td``, ``redi``, ``dparallel`` and ``mdlm`` (SFT on the
-  task's real answers); ``t3d_student``: the recommended T3D with half of the rows moved onto the student's own
-  path (``student_state_ratio=0.5`` with 2-token student steps, the step beyond the paper).
-* Ablations (``--ablation_seed``, a seed the report's means do not use): the teacher, the recommended T3D and T3D
-  with ``path_weighting`` uniform / early / late (at a student budget of TokPS 2: at TokPS 4 a block of 4 is one
-  step and every path weight is 1), ``fake_estimator`` argmax, ``beta`` 0.1, ``state_sampling`` reference,
-  ``lambda_path`` 0.2.
+* Main comparison (``--seeds``): the teacher; ``t3d`` in the recommended setting (``RECOMMENDED``);
+  ``t3d_paper`` (the paper's settings); ``ddo``, ``td``, ``redi``, ``dparallel``; ``mdlm`` (SFT on the task's real
+  answers); ``t3d_rollout``: the recommended T3D with half of the rows moved onto the student's own path and
+  relabelled by the teacher's one-token-per-step completion (the step beyond the paper). Each objective trains at
+  its own learning rate and the trajectories are sampled at the temperature that the tuning seed chose
+  (``TUNED``); ``--learning_rate`` / ``--trajectory_temperature`` override them.
+* Tuning (``--tune``, on ``--tuning_seed``, which no reported mean uses): every objective at every learning rate
+  of ``--tune_learning_rates`` and every trajectory temperature of ``--tune_temperatures``; prints the choice by
+  the rule fixed in docs/method_study.md (highest mean of TokPS 2 and 4 at the last checkpoint).
+* Ablations (``--ablation_seed``): one setting of the recommended T3D changed at a time.
 
-Jobs run variant by variant over all seeds (``--variants`` sets which and in what order), so a study cut short
-holds complete variants; the summary reports the complete ones and lists the others as incomplete.
+Every (seed, model) result is written to ``OUTPUT/results/seed<S>/<name>.json`` (``OUTPUT/tuning/...`` for the
+grid) as soon as it is measured and reused on a rerun, so a study resumes; ``--workers`` trains that many models
+at once (one process each). The last line printed is one JSON object with the means over ``--seeds``:
 
-Every (seed, model) result is written to ``OUTPUT/results/seed<S>/<name>.json`` as soon as it is measured and
-reused on a rerun, so the study resumes, and several processes can share it (give them different ``--seeds``,
-then run once more over all seeds to print the summary). The last line printed is one JSON object with the means
-over ``--seeds``:
-
-    python benchmarks/bench_method_study.py --seeds 0 1 2 --ablation_seed 100 --output_dir study
+    python benchmarks/bench_method_study.py --seeds 0 1 2 --workers 2                   # wordsort
+    python benchmarks/bench_method_study.py --task wordset --seeds 0 1 2 --workers 2
+    python benchmarks/bench_method_study.py --tune --workers 2                         # the tuning seed
     python benchmarks/bench_method_study.py --quick   # seconds: a smoke run of every stage on tiny budgets
 """
 
@@ -31,10 +33,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import fcntl
 import json
+import multiprocessing
+import os
 import statistics
 import tempfile
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +51,6 @@ from t3d_trl import AutoModelForDiffusionLM
 from t3d_trl.demo.quickstart import (
     PACKAGED_TEACHERS,
     QuickstartConfig,
-    analyze,
     collect,
     distill,
     evaluate,
@@ -53,24 +58,36 @@ from t3d_trl.demo.quickstart import (
     train_teacher,
 )
 from t3d_trl.demo.tasks import get_task
+from t3d_trl.trainer import EvaluateAtSteps
 
-TASK = "wordsort"
-# The recommended T3D setting: the demo's DDO/path scales, uniform path weights (early tokens are not favoured:
-# the issue's sort2 measurement) and DDO's fake term as the exact expectation (the argmax is seed-fragile).
+TASKS = ("wordsort", "wordset")
+CHECKPOINTS = (60, 120, 240, 480, 960)  # doubling; the last is the budget of every student
+LR_GRID = (1e-3, 3e-4, 1e-4)
+TEMPERATURES = (0.0, 0.1, 1.0)  # greedy, the public reference code's 0.1, plain sampling
+TUNING_SEED = 100
+# The recommended T3D setting: the demo's DDO/path scales, uniform path weights and DDO's fake term as the exact
+# expectation (the argmax is seed-fragile).
 RECOMMENDED: dict[str, Any] = {"path_weighting": "uniform", "fake_estimator": "expectation"}
 PAPER = {"beta": 0.1, "lambda_path": 0.2, "path_weighting": "early", "fake_estimator": "argmax"}
-# name -> (loss_type, settings); QuickstartConfig fields and T3DConfig fields may be mixed.
-MAIN: dict[str, tuple[str, dict[str, Any]]] = {
+# The objectives whose learning rate is tuned: name -> (loss_type, settings). QuickstartConfig fields and
+# T3DConfig fields may be mixed in the settings.
+OBJECTIVES: dict[str, tuple[str, dict[str, Any]]] = {
     "t3d": ("t3d", RECOMMENDED),
     "t3d_paper": ("t3d", PAPER),
-    # The student's parallel step must leave a mask in the block: TokPS 2 (uniform path weights ignore it).
-    "t3d_student": ("t3d", {**RECOMMENDED, "student_state_ratio": 0.5, "tokens_per_step": 2}),
     "ddo": ("ddo", {"fake_estimator": "expectation"}),
     "td": ("td", {}),
     "redi": ("redi", {}),
     "dparallel": ("dparallel", {}),
-    "mdlm": ("mdlm", {}),
+    "mdlm": ("mdlm", {}),  # SFT on the task's real answers: reads no teacher output
 }
+# Student states need a mask left in the block after the student's step: a 2-token student step.
+STUDENT = {"student_state_ratio": 0.5, "tokens_per_step": 2}
+MAIN: dict[str, tuple[str, dict[str, Any]]] = {
+    **OBJECTIVES,
+    "t3d_rollout": ("t3d", {**RECOMMENDED, **STUDENT, "student_state_labels": "rollout"}),
+    "t3d_student": ("t3d", {**RECOMMENDED, **STUDENT}),  # argmax labels: not run by default
+}
+DEFAULT_VARIANTS = ["teacher", *OBJECTIVES, "t3d_rollout"]
 # Path weights need a student budget below the block: at TokPS 4 on blocks of 4, B = 1 and every weight is 1.
 ABLATIONS: dict[str, tuple[str, dict[str, Any]]] = {
     "t3d_tokps2_uniform": ("t3d", {**RECOMMENDED, "tokens_per_step": 2}),
@@ -82,6 +99,37 @@ ABLATIONS: dict[str, tuple[str, dict[str, Any]]] = {
     "t3d_lambda0.2": ("t3d", {**RECOMMENDED, "lambda_path": 0.2}),
 }
 BASELINES = ("td", "redi", "ddo", "dparallel")
+# Chosen on the tuning seed by `--tune` (docs/method_study.md, "Tuning"): per task, each objective's learning rate
+# and the teachers' trajectory temperature. Variants not named use the rate of the objective they extend (t3d).
+TUNED: dict[str, dict[str, Any]] = {
+    "wordsort": {"learning_rates": {name: 3e-4 for name in OBJECTIVES}, "trajectory_temperature": 0.0},
+    "wordset": {"learning_rates": {name: 3e-4 for name in OBJECTIVES}, "trajectory_temperature": 0.0},
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One model to train and evaluate: a variant at a learning rate and trajectory temperature, for a seed."""
+
+    name: str
+    seed: int
+    method: str  # loss_type, or "teacher"
+    settings: dict[str, Any]
+    learning_rate: float
+    temperature: float
+    folder: str  # results/seed<S> or tuning/seed<S>, under the output directory
+
+    def path(self, output: Path) -> Path:
+        return output / self.folder / f"{self.name}.json"
+
+
+def objective_of(name: str) -> str:
+    """The tuned objective a variant extends (``t3d_rollout`` -> ``t3d``)."""
+    return name if name in OBJECTIVES else "t3d"
+
+
+def reads_teacher(method: str) -> bool:
+    return method != "mdlm"
 
 
 def real_data(task, rows: list[dict]) -> Dataset:
@@ -98,7 +146,7 @@ def real_data(task, rows: list[dict]) -> Dataset:
     )
 
 
-def measure(grid, name: str, base: QuickstartConfig, block: int) -> dict[str, Any]:
+def measure(grid, name: str) -> dict[str, Any]:
     """Accuracy (%) per static budget (keys: TokPS as strings), dynamic accuracy and its mean NFE."""
     out: dict[str, Any] = {"tokps": {}}
     for entry in grid.results:
@@ -113,74 +161,189 @@ def measure(grid, name: str, base: QuickstartConfig, block: int) -> dict[str, An
     return out
 
 
-def run(
-    jobs: list[tuple[str, int]],
-    variants: dict[str, tuple[str, dict]],
-    base: QuickstartConfig,
-    teacher_path: str,
-    output: Path,
-    tc: bool,
-) -> None:
-    """Distil and evaluate every (variant, seed) of ``jobs`` not yet on disk, in that order.
+def trajectories_dir(output: Path, seed: int, temperature: float) -> Path:
+    return output / f"seed{seed}" / ("greedy" if temperature == 0 else f"temperature{temperature:g}")
 
-    Results go to ``results/seed<S>/<name>.json``; trajectories are collected once per seed (and resumed).
-    """
-    task = get_task(TASK)
-    todo = [(n, s) for n, s in jobs if not (output / "results" / f"seed{s}" / f"{n}.json").exists()]
+
+# ------------------------------------------------------------------------------------------------ running
+_TEACHER: dict[str, torch.nn.Module] = {}  # per process: the teacher, loaded once
+
+
+def _teacher(path: str, device: str) -> torch.nn.Module:
+    if path not in _TEACHER:
+        _TEACHER[path] = AutoModelForDiffusionLM.from_pretrained(path).eval().to(device)
+    return _TEACHER[path]
+
+
+def claim(path: Path) -> bool:
+    """Take the job whose result goes to ``path``: False when another process (or worker) has it. Several
+    processes, on CPUs or GPUs, can so share one job list and one output folder."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.close(os.open(path.with_suffix(".claim"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
+def run_job(job: Job, context: dict[str, Any]) -> dict[str, Any] | None:
+    """Train ``job``'s model (evaluating it at every checkpoint) or evaluate the teacher; write its result.
+
+    Returns None when the result is on disk already or another process has claimed the job."""
+    path = job.path(Path(context["output"]))
+    if path.exists() or not claim(path):
+        return None
+    try:
+        return _measure_job(job, context, path)
+    finally:
+        path.with_suffix(".claim").unlink(missing_ok=True)
+
+
+def _measure_job(job: Job, context: dict[str, Any], path: Path) -> dict[str, Any]:
+    torch.set_num_threads(context["threads"])
+    task, output = get_task(context["task"]), Path(context["output"])
+    config = dataclasses.replace(context["base"], seed=job.seed, trajectory_temperature=job.temperature)
+    teacher = _teacher(context["teacher"], context["device"])
+    train_rows, eval_rows = split_rows(task, config)
+    work = output / job.folder.replace("/", "-") / job.name
+    start = time.perf_counter()
+    result: dict[str, Any] = {
+        "name": job.name,
+        "loss_type": job.method,
+        "settings": job.settings,
+        "seed": job.seed,
+        "learning_rate": job.learning_rate,
+        "trajectory_temperature": job.temperature if reads_teacher(job.method) else None,
+        "num_eval": len(eval_rows),
+    }
+    if job.method == "teacher":
+        work.mkdir(parents=True, exist_ok=True)
+        result |= measure(
+            evaluate({job.name: teacher}, task, eval_rows, config, work, progress=False), job.name
+        )
+    else:
+        fields = {f.name for f in dataclasses.fields(QuickstartConfig)}
+        demo = {k: v for k, v in job.settings.items() if k in fields}
+        trainer = {k: v for k, v in job.settings.items() if k not in fields}
+        if job.method == "mdlm":
+            data = real_data(task, train_rows)
+        else:  # collected by the main process beforehand; this reads them back
+            data = collect(
+                teacher, task, train_rows, config, trajectories_dir(output, job.seed, job.temperature)
+            )
+        checkpoints = context["checkpoints"]
+
+        def at_checkpoint(model: torch.nn.Module, step: int) -> dict[str, Any]:
+            folder = work / f"step{step}"
+            folder.mkdir(parents=True, exist_ok=True)
+            return measure(
+                evaluate({job.name: model}, task, eval_rows, config, folder, progress=False), job.name
+            )
+
+        curve = EvaluateAtSteps(checkpoints, at_checkpoint)
+        distill(
+            job.method,
+            teacher,
+            data,
+            task,
+            dataclasses.replace(
+                config, distill_steps=max(checkpoints), learning_rate=job.learning_rate, **demo
+            ),
+            work,
+            callbacks=[curve],
+            disable_tqdm=True,
+            **trainer,
+        )
+        if curve.missing():
+            raise RuntimeError(f"{job.name}: no evaluation at steps {curve.missing()}")
+        result |= curve.results[max(checkpoints)]  # the final model is the last checkpoint
+        result["curve"] = {str(step): curve.results[step] for step in checkpoints}
+        result["steps"] = max(checkpoints)
+    result["total_s"] = round(time.perf_counter() - start, 1)
+    result["device"] = context["device"]
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps(result, indent=2))
+    partial.rename(path)  # atomic: a result on disk is always whole
+    print(json.dumps({k: v for k, v in result.items() if k != "curve"}), flush=True)
+    return result
+
+
+def _run_job(args: tuple[Job, dict[str, Any]]) -> str | None:
+    """A pool worker's job: the traceback of a failure is returned (and printed), not raised, so that one
+    failing model does not stop the others."""
+    try:
+        run_job(*args)
+    except Exception:
+        message = f"{args[0].folder}/{args[0].name} failed:\n{traceback.format_exc()}"
+        print(message, flush=True)
+        return message
+    return None
+
+
+def run(jobs: list[Job], context: dict[str, Any], workers: int) -> None:
+    """Run every job not yet on disk, ``workers`` at a time; the trajectories are collected here first (under a
+    lock, so that processes sharing the output folder collect each set once)."""
+    output = Path(context["output"])
+    todo = [job for job in jobs if not job.path(output).exists()]
     if not todo:
         return
-    teacher = AutoModelForDiffusionLM.from_pretrained(teacher_path).eval()
-    fields = {f.name for f in dataclasses.fields(QuickstartConfig)}
-    per_seed: dict[int, tuple] = {}
-    for name, seed in todo:
-        config = dataclasses.replace(base, seed=seed)
-        work = output / f"seed{seed}"
-        if seed not in per_seed:
-            train_rows, eval_rows = split_rows(task, config)
-            per_seed[seed] = (train_rows, eval_rows, collect(teacher, task, train_rows, config, work))
-        train_rows, eval_rows, trajectories = per_seed[seed]
-        start = time.perf_counter()
-        if name == "teacher":
-            model, method, settings = teacher, "teacher", {}
-        else:
-            method, settings = variants[name]
-            demo = {k: v for k, v in settings.items() if k in fields}
-            trainer = {k: v for k, v in settings.items() if k not in fields}
-            data = real_data(task, train_rows) if method == "mdlm" else trajectories
-            model = distill(
-                method,
-                teacher,
-                data,
-                task,
-                dataclasses.replace(config, **demo),
-                work / name,
-                disable_tqdm=True,
-                **trainer,
-            )
-        train_s = time.perf_counter() - start
-        (work / name / "tc").mkdir(parents=True, exist_ok=True)
-        grid = evaluate({name: model}, task, eval_rows, config, work / name)
-        result = {
-            "name": name,
-            "loss_type": method,
-            "settings": settings,
-            "seed": seed,
-            **measure(grid, name, config, task.block_length),
-            "num_eval": len(eval_rows),
-            "train_s": round(train_s, 1),
-            "total_s": round(time.perf_counter() - start, 1),
-        }
-        if tc:  # the factorization error on the teacher's own trajectory states
-            analysis = analyze({name: model}, trajectories, config, work / name / "tc")
-            result["tc_by_jump"] = analysis[name]["by_jump"]
-        folder = output / "results" / f"seed{seed}"
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"{name}.json").write_text(json.dumps(result, indent=2))
-        print(json.dumps(result), flush=True)
+    task = get_task(context["task"])
+    teacher = _teacher(context["teacher"], context["device"])
+    with open(output / ".collect.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for seed, temperature in dict.fromkeys(
+            (j.seed, j.temperature) for j in todo if j.method != "teacher" and reads_teacher(j.method)
+        ):
+            config = dataclasses.replace(context["base"], seed=seed, trajectory_temperature=temperature)
+            rows = split_rows(task, config)[0]
+            collect(teacher, task, rows, config, trajectories_dir(output, seed, temperature))
+        fcntl.flock(lock, fcntl.LOCK_UN)
+    if workers <= 1:
+        failures = [_run_job((job, context)) for job in todo]
+    else:
+        with multiprocessing.get_context("spawn").Pool(workers, maxtasksperchild=4) as pool:
+            failures = list(pool.imap_unordered(_run_job, [(job, context) for job in todo]))
+    failures = [f for f in failures if f]
+    claimed = [
+        j.name for j in todo if not j.path(output).exists() and j.path(output).with_suffix(".claim").exists()
+    ]
+    if claimed:
+        print(f"claimed by another process, not run here: {claimed} (delete their .claim files if none runs)")
+    if failures:
+        raise SystemExit(f"{len(failures)} job(s) failed:\n" + "\n".join(failures))
 
 
-def load(output: Path, seed: int, name: str) -> dict[str, Any] | None:
-    path = output / "results" / f"seed{seed}" / f"{name}.json"
+def main_jobs(
+    names: list[str], seeds: list[int], tuned: dict[str, Any], lr: float | None, temperature: float | None
+) -> list[Job]:
+    temperature = tuned["trajectory_temperature"] if temperature is None else temperature
+    jobs = []
+    for name in names:
+        for seed in seeds:
+            if name == "teacher":
+                jobs.append(Job(name, seed, "teacher", {}, 0.0, 0.0, f"results/seed{seed}"))
+                continue
+            method, settings = {**MAIN, **ABLATIONS}[name]
+            rate = lr if lr is not None else tuned["learning_rates"][objective_of(name)]
+            temp = temperature if reads_teacher(method) else 0.0
+            jobs.append(Job(name, seed, method, settings, rate, temp, f"results/seed{seed}"))
+    return jobs
+
+
+def tuning_jobs(seed: int, objectives: list[str], rates: list[float], temperatures: list[float]) -> list[Job]:
+    jobs = [Job("teacher", seed, "teacher", {}, 0.0, 0.0, f"tuning/seed{seed}")]
+    for name in objectives:
+        method, settings = OBJECTIVES[name]
+        for temperature in temperatures if reads_teacher(method) else [0.0]:
+            for rate in rates:
+                label = f"{name}_lr{rate:g}_T{temperature:g}"
+                jobs.append(Job(label, seed, method, settings, rate, temperature, f"tuning/seed{seed}"))
+    return jobs
+
+
+# ------------------------------------------------------------------------------------------------ summaries
+def load(output: Path, folder: str, name: str) -> dict[str, Any] | None:
+    path = output / folder / f"{name}.json"
     return json.loads(path.read_text()) if path.exists() else None
 
 
@@ -188,158 +351,335 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
-def summarise(
-    output: Path, seeds: list[int], ablation_seed: int | None, budgets: list[int]
-) -> dict[str, Any]:
-    """The Markdown tables, the accuracy-vs-TokPS plot and the final JSON (means over ``seeds``)."""
-    names = [n for n in ("teacher", *MAIN) if all(load(output, s, n) is not None for s in seeds)]
-    rows = {n: [load(output, s, n) for s in seeds] for n in names}
-    if "teacher" not in names:
-        raise SystemExit(f"no teacher results for seeds {seeds}: run the study first")
-    incomplete = [n for n in MAIN if n not in names]
+def score(result: dict[str, Any]) -> float:
+    """The tuning rule (fixed before any tuning result was seen): mean accuracy at TokPS 2 and 4."""
+    return (result["tokps"]["2"] + result["tokps"]["4"]) / 2
 
-    def acc(name: str, k: int) -> list[float]:
-        return [r["tokps"][str(k)] for r in rows[name]]
 
-    header = ["model", *[f"TokPS {k}" for k in budgets], "dynamic 0.9", "dynamic NFE", "train s"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for name in names:
-        cells = [name]
-        for values in [acc(name, k) for k in budgets] + [[r["dynamic"] for r in rows[name]]]:
-            m, s = mean_std(values)
-            cells.append(f"{m:.1f} ± {s:.1f}")
-        cells.append(f"{statistics.fmean(r['dynamic_nfe'] for r in rows[name]):.2f}")
-        cells.append(f"{statistics.fmean(r['train_s'] for r in rows[name]):.0f}")
-        lines.append("| " + " | ".join(cells) + " |")
-    table = "\n".join(lines)
+def choose(output: Path, seed: int, objectives: list[str], rates, temperatures) -> dict[str, Any]:
+    """The tuning table and the choice: the temperature whose best-rate scores are highest on average over the
+    objectives that read the teacher, then each objective's best rate at that temperature."""
+    folder = f"tuning/seed{seed}"
+    teacher = load(output, folder, "teacher")
+    rows, table = {}, []
+    for name in objectives:
+        for temperature in temperatures if reads_teacher(OBJECTIVES[name][0]) else [0.0]:
+            for rate in rates:
+                result = load(output, folder, f"{name}_lr{rate:g}_T{temperature:g}")
+                if result is not None:
+                    rows[(name, rate, temperature)] = result
 
-    ablation_lines = []
-    if ablation_seed is not None:
-        header = [f"variant (seed {ablation_seed})", *[f"TokPS {k}" for k in budgets], "dynamic 0.9"]
-        ablation_lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        for name in ("teacher", "t3d", *ABLATIONS, *[n for n in MAIN if n != "t3d"]):
-            r = load(output, ablation_seed, name)
-            if r is not None:
-                cells = [f"{r['tokps'][str(k)]:.1f}" for k in budgets]
-                ablation_lines.append("| " + " | ".join([name, *cells, f"{r['dynamic']:.1f}"]) + " |")
+    def best_rate(name: str, temperature: float) -> float | None:
+        found = [(score(r), rate) for (n, rate, t), r in rows.items() if n == name and t == temperature]
+        return max(found)[1] if found else None
 
+    readers = [n for n in objectives if reads_teacher(OBJECTIVES[n][0])]
+    by_temperature = {}
+    for temperature in temperatures:
+        scores = [
+            score(rows[(n, best_rate(n, temperature), temperature)])
+            for n in readers
+            if best_rate(n, temperature)
+        ]
+        if len(scores) == len(readers):
+            by_temperature[temperature] = statistics.fmean(scores)
+    chosen_t = max(by_temperature, key=by_temperature.get) if by_temperature else None
+    rates_chosen = {n: best_rate(n, chosen_t if reads_teacher(OBJECTIVES[n][0]) else 0.0) for n in objectives}
+    header = ["objective", "lr", "T", "TokPS 1", "TokPS 2", "TokPS 4", "dynamic 0.9", "NFE", "score"]
+    table = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    if teacher:
+        cells = ["teacher", "", "", *[f"{teacher['tokps'][k]:.1f}" for k in ("1", "2", "4")]]
+        table.append(
+            "| "
+            + " | ".join([*cells, f"{teacher['dynamic']:.1f}", f"{teacher['dynamic_nfe']:.2f}", ""])
+            + " |"
+        )
+    for (name, rate, temperature), r in rows.items():
+        mark = (
+            "**"
+            if rates_chosen.get(name) == rate
+            and (temperature == chosen_t or not reads_teacher(OBJECTIVES[name][0]))
+            else ""
+        )
+        cells = [name, f"{rate:g}", f"{temperature:g}", *[f"{r['tokps'][k]:.1f}" for k in ("1", "2", "4")]]
+        cells += [f"{r['dynamic']:.1f}", f"{r['dynamic_nfe']:.2f}", f"{mark}{score(r):.2f}{mark}"]
+        table.append("| " + " | ".join(cells) + " |")
+    text = "\n".join(table)
+    print(text)
+    choice = {
+        "tuning_seed": seed,
+        "trajectory_temperature": chosen_t,
+        "mean_best_score_by_temperature": {f"{t:g}": round(s, 2) for t, s in by_temperature.items()},
+        "learning_rates": rates_chosen,
+        "measured": len(rows),
+    }
+    (output / f"tuning_seed{seed}.md").write_text(text + "\n")
+    (output / f"tuning_seed{seed}.json").write_text(json.dumps(choice, indent=2))
+    return choice
+
+
+def plot_curves(output: Path, rows: dict[str, list[dict]], task: str, seeds: list[int]) -> None:
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for name in names:
-            means = [mean_std(acc(name, k))[0] for k in budgets]
-            stds = [mean_std(acc(name, k))[1] for k in budgets]
-            ax.errorbar(budgets, means, yerr=stds, marker="o", capsize=3, label=name)
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(budgets, [str(k) for k in budgets])
-        ax.set_xlabel("tokens per step (TokPS)")
-        ax.set_ylabel(f"exact match (%), mean ± std over seeds {seeds}")
-        ax.set_title(f"{TASK}: accuracy vs tokens per step")
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(output / "accuracy_vs_tokps.png", dpi=120)
-        plt.close(fig)
     except ImportError:  # plots are optional (matplotlib is in the dev/analysis extras)
-        pass
+        return
+    panels = [("TokPS 1", "1"), ("TokPS 2", "2"), ("TokPS 4", "4"), ("dynamic 0.9", None)]
+    fig, axes = plt.subplots(1, 4, figsize=(16, 4), sharex=True)
+    for ax, (title, key) in zip(axes, panels):
+        for name, results in rows.items():
+            if name == "teacher":
+                values = [r["tokps"][key] if key else r["dynamic"] for r in results]
+                ax.axhline(statistics.fmean(values), color="black", linestyle="--", label="teacher")
+                continue
+            steps = sorted(int(s) for s in results[0]["curve"])
+            curve = [
+                [r["curve"][str(s)]["tokps"][key] if key else r["curve"][str(s)]["dynamic"] for r in results]
+                for s in steps
+            ]
+            means = [statistics.fmean(c) for c in curve]
+            stds = [mean_std(c)[1] for c in curve]
+            ax.errorbar(steps, means, yerr=stds, marker="o", markersize=3, capsize=2, label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{task}: {title}")
+        ax.set_xlabel("optimizer steps")
+    axes[0].set_ylabel(f"exact match (%), mean ± std over seeds {seeds}")
+    axes[-1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(output / f"curves_{task}.png", dpi=110)
+    plt.close(fig)
 
-    def m(name: str, k: int) -> float:
+
+def summarise(output: Path, seeds: list[int], variants: list[str], task: str, ablation_seed: int | None):
+    """The Markdown tables, the learning-curve plot and the final JSON (means over ``seeds``)."""
+    names = [n for n in variants if all(load(output, f"results/seed{s}", n) is not None for s in seeds)]
+    rows = {n: [load(output, f"results/seed{s}", n) for s in seeds] for n in names}
+    if "teacher" not in names:
+        raise SystemExit(f"no teacher results for seeds {seeds}: run the study first")
+    incomplete = [n for n in variants if n not in names]
+
+    def acc(name: str, k: str) -> list[float]:
+        return [r["tokps"][k] if k != "dynamic" else r["dynamic"] for r in rows[name]]
+
+    def m(name: str, k: str) -> float:
         return statistics.fmean(acc(name, k))
 
-    def diff(a: str, b: str, k: int) -> float | None:
+    header = [
+        "model",
+        "lr",
+        "TokPS 1",
+        "TokPS 2",
+        "TokPS 4",
+        "dynamic 0.9",
+        "dynamic NFE",
+        "TokPS 1 - teacher",
+        "s",
+    ]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for name in names:
+        cells = [name, f"{rows[name][0]['learning_rate']:g}" if name != "teacher" else ""]
+        for k in ("1", "2", "4", "dynamic"):
+            mean, std = mean_std(acc(name, k))
+            cells.append(f"{mean:.1f} ± {std:.1f}")
+        cells.append(f"{statistics.fmean(r['dynamic_nfe'] for r in rows[name]):.2f}")
+        cells.append(f"{m(name, '1') - m('teacher', '1'):+.1f}" if name != "teacher" else "")
+        cells.append(f"{statistics.fmean(r['total_s'] for r in rows[name]):.0f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    students = [n for n in names if n != "teacher"]
+    steps = sorted(int(s) for s in rows[students[0]][0]["curve"]) if students else []
+    curve_lines = [
+        "| model | " + " | ".join(f"{s} steps" for s in steps) + " | last doubling |",
+        "|---|" + "---|" * (len(steps) + 1),
+    ]
+    gains = {}
+    for name in students:
+        means = [statistics.fmean(r["curve"][str(s)]["tokps"]["4"] for r in rows[name]) for s in steps]
+        gains[name] = round(means[-1] - means[-2], 2) if len(means) > 1 else None
+        cells = [f"{v:.1f}" for v in means]
+        curve_lines.append(
+            "| " + " | ".join([name, *cells, f"{gains[name]:+.1f}" if gains[name] is not None else ""]) + " |"
+        )
+    plot_curves(output, rows, task, seeds)
+
+    ablation_lines = []
+    if ablation_seed is not None:
+        header = [f"variant (seed {ablation_seed})", "TokPS 1", "TokPS 2", "TokPS 4", "dynamic 0.9"]
+        ablation_lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        for name in ("teacher", "t3d", *ABLATIONS):
+            r = load(output, f"results/seed{ablation_seed}", name)
+            if r is not None:
+                cells = [f"{r['tokps'][k]:.1f}" for k in ("1", "2", "4")]
+                ablation_lines.append("| " + " | ".join([name, *cells, f"{r['dynamic']:.1f}"]) + " |")
+
+    def diff(a: str, b: str, k: str) -> float | None:
         return round(m(a, k) - m(b, k), 2) if a in names and b in names else None
 
     baselines = [b for b in BASELINES if b in names]
-    best = {k: max(baselines, key=lambda b: m(b, k)) if baselines else None for k in (2, 4)}
+    best = {k: max(baselines, key=lambda b: m(b, k)) if baselines else None for k in ("2", "4")}
+    best_student = max(students, key=lambda n: m(n, "4")) if students else None
+    valid_gains = [g for g in gains.values() if g is not None]
     summary = {
-        "task": TASK,
-        "teacher_drop_tokps4": round(m("teacher", 1) - m("teacher", 4), 2),
-        "t3d_minus_best_baseline_tokps2": diff("t3d", best[2], 2) if best[2] else None,
-        "t3d_minus_best_baseline_tokps4": diff("t3d", best[4], 4) if best[4] else None,
-        "best_baseline": best,
+        "task": task,
+        "teacher_drop_tokps4": round(m("teacher", "1") - m("teacher", "4"), 2),
+        "t3d_minus_best_baseline_tokps2": diff("t3d", best["2"], "2") if best["2"] else None,
+        "t3d_minus_best_baseline_tokps4": diff("t3d", best["4"], "4") if best["4"] else None,
+        "best_baseline": {k: v for k, v in best.items()},
         "baselines_measured": baselines,
-        "t3d_full_step_minus_teacher": diff("t3d", "teacher", 1),
-        "t3d_student_minus_t3d_tokps2": diff("t3d_student", "t3d", 2),
-        "t3d_student_minus_t3d_tokps4": diff("t3d_student", "t3d", 4),
+        "t3d_full_step_minus_teacher": diff("t3d", "teacher", "1"),
+        "t3d_rollout_minus_t3d_tokps2": diff("t3d_rollout", "t3d", "2"),
+        "t3d_rollout_minus_t3d_tokps4": diff("t3d_rollout", "t3d", "4"),
         "recommended_t3d": {"loss_type": "t3d", **RECOMMENDED},
+        "distill_steps": steps[-1] if steps else None,
+        "checkpoints": steps,
+        "learning_rates": {n: rows[n][0]["learning_rate"] for n in students},
+        "trajectory_temperature": next(
+            (
+                rows[n][0]["trajectory_temperature"]
+                for n in students
+                if rows[n][0]["trajectory_temperature"] is not None
+            ),
+            None,
+        ),
+        "plateau_gain_tokps4": max(valid_gains) if valid_gains else None,
+        "plateau_gain_by_model": gains,
+        "best_objective_tokps4": best_student,
+        "best_student_tokps4_minus_teacher_tokps1": round(m(best_student, "4") - m("teacher", "1"), 2)
+        if best_student
+        else None,
+        "full_step_minus_teacher": {n: round(m(n, "1") - m("teacher", "1"), 2) for n in students},
+        "t3d_dynamic_nfe_over_teacher": (
+            round(
+                statistics.fmean(r["dynamic_nfe"] for r in rows["t3d"])
+                / statistics.fmean(r["dynamic_nfe"] for r in rows["teacher"]),
+                3,
+            )
+            if "t3d" in names
+            else None
+        ),
         "incomplete": incomplete,
         "seeds": seeds,
     }
-    (output / "summary.md").write_text(table + "\n\n" + "\n".join(ablation_lines) + "\n")
-    (output / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(table)
+    text = "\n".join(lines) + "\n\nTokPS 4 along the run (mean over seeds):\n\n" + "\n".join(curve_lines)
+    (output / f"summary_{task}.md").write_text(text + "\n\n" + "\n".join(ablation_lines) + "\n")
+    (output / f"summary_{task}.json").write_text(json.dumps(summary, indent=2))
+    print(text)
     print("\n".join(ablation_lines))
     return summary
 
 
-def main() -> None:
+# ------------------------------------------------------------------------------------------------ main
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--task", choices=TASKS, default="wordsort")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--ablation_seed", type=int, default=None, help="run the ablations on this seed")
-    parser.add_argument("--teacher", default=str(PACKAGED_TEACHERS / TASK))
-    parser.add_argument("--output_dir", default="method-study")
-    parser.add_argument("--distill_steps", type=int, default=60)
+    parser.add_argument("--variants", nargs="+", default=None, help="main-comparison models, in run order")
+    parser.add_argument("--teacher", default=None, help="default: the packaged teacher of the task")
+    parser.add_argument("--output_dir", default=None, help="default: method-study-<task>")
+    parser.add_argument("--checkpoints", type=int, nargs="+", default=list(CHECKPOINTS))
     parser.add_argument("--batch_size", type=int, default=32)
-    parser.add_argument("--learning_rate", type=float, default=1e-3)
+    parser.add_argument("--learning_rate", type=float, default=None, help="one rate for every objective")
+    parser.add_argument("--trajectory_temperature", type=float, default=None, help="default: the tuned one")
     parser.add_argument("--num_trajectories", type=int, default=2000)
     parser.add_argument("--num_eval", type=int, default=1000)
-    parser.add_argument("--variants", nargs="+", default=None, help="main-comparison models, in run order")
-    parser.add_argument("--tc", action="store_true", help="also run the TC analyser on every model")
+    parser.add_argument(
+        "--tuning_file",
+        default=None,
+        help="a tuning_seed<S>.json of --tune to read the rates from (default: TUNED)",
+    )
+    parser.add_argument("--tune", action="store_true", help="run the tuning grid on --tuning_seed instead")
+    parser.add_argument("--tuning_seed", type=int, default=TUNING_SEED)
+    parser.add_argument("--tune_objectives", nargs="+", default=list(OBJECTIVES), choices=list(OBJECTIVES))
+    parser.add_argument("--tune_learning_rates", type=float, nargs="+", default=list(LR_GRID))
+    parser.add_argument("--tune_temperatures", type=float, nargs="+", default=list(TEMPERATURES))
+    parser.add_argument("--ablation_seed", type=int, default=None, help="run the ablations on this seed")
     parser.add_argument("--summary_only", action="store_true", help="print the summary of results on disk")
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--workers", type=int, default=1, help="models trained at once, one process each")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     parser.add_argument(
         "--quick", action="store_true", help="tiny budgets and a freshly trained tiny teacher"
     )
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
     base = QuickstartConfig(
-        task=TASK,
-        distill_steps=args.distill_steps,
+        task=args.task,
         batch_size=args.batch_size,
-        learning_rate=args.learning_rate,
         num_trajectories=args.num_trajectories,
         num_eval=args.num_eval,
         analysis_prompts=32,
         analysis_samples=8,
     )
     scratch = None
-    output = Path(args.output_dir)
-    teacher = args.teacher
+    output = Path(args.output_dir or f"method-study-{args.task}")
+    teacher = args.teacher or str(PACKAGED_TEACHERS / args.task)
     if args.quick:  # every stage on tiny budgets, with a teacher trained here for a few steps
         scratch = tempfile.TemporaryDirectory()
         output = Path(scratch.name)
-        base = dataclasses.replace(
-            base, teacher_steps=2, distill_steps=1, batch_size=8, num_trajectories=16, num_eval=8
-        )
-        base = dataclasses.replace(base, analysis_prompts=2, analysis_samples=2)
-        train_teacher(get_task(TASK), base, output / "teacher")
+        base = dataclasses.replace(base, teacher_steps=2, batch_size=8, num_trajectories=16, num_eval=8)
+        train_teacher(get_task(args.task), base, output / "teacher")
         teacher = str(output / "teacher")
-        args.seeds, args.ablation_seed, args.tc = [0], 0, True
+        args.seeds, args.ablation_seed, args.checkpoints, args.tuning_seed = [0], 0, [1, 2], 1
+        args.tune_learning_rates, args.tune_temperatures = [1e-3, 3e-4], [0.0, 1.0]
+        args.tune_objectives = ["t3d", "mdlm"]
     output.mkdir(parents=True, exist_ok=True)
-    if not args.summary_only:
-        # Variant-major: a study cut short still has whole variants over every seed, in the order given.
-        names = args.variants or ["teacher", *MAIN]
-        unknown = [n for n in names if n != "teacher" and n not in MAIN]
-        if unknown:
-            raise SystemExit(f"unknown variants {unknown}; choose from {['teacher', *MAIN]}")
-        jobs = [(name, seed) for name in names for seed in args.seeds]
-        if args.ablation_seed is not None:
-            jobs += [(name, args.ablation_seed) for name in ("teacher", "t3d", *ABLATIONS)]
-        run(list(dict.fromkeys(jobs)), {**MAIN, **ABLATIONS}, base, teacher, output, args.tc)
-    summary = summarise(output, args.seeds, args.ablation_seed, base.eval_tokens_per_step)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    context = {
+        "task": args.task,
+        "teacher": teacher,
+        "output": str(output),
+        "base": base,
+        "checkpoints": sorted(set(args.checkpoints)),
+        "threads": args.threads,
+        "device": device,
+    }
+    variants = args.variants or DEFAULT_VARIANTS
+    unknown = [n for n in variants if n != "teacher" and n not in MAIN]
+    if unknown:
+        raise SystemExit(f"unknown variants {unknown}; choose from {['teacher', *MAIN]}")
+    tuning = None
+    if args.tune or args.quick:
+        objectives = args.tune_objectives
+        if not args.summary_only:
+            jobs = tuning_jobs(args.tuning_seed, objectives, args.tune_learning_rates, args.tune_temperatures)
+            run(jobs, context, args.workers)
+        tuning = choose(
+            output, args.tuning_seed, objectives, args.tune_learning_rates, args.tune_temperatures
+        )
+    summary: dict[str, Any] = {}
+    if not args.tune or args.quick:
+        if not args.summary_only:
+            tuned = json.loads(Path(args.tuning_file).read_text()) if args.tuning_file else TUNED[args.task]
+            jobs = main_jobs(variants, args.seeds, tuned, args.learning_rate, args.trajectory_temperature)
+            if args.ablation_seed is not None:
+                jobs += main_jobs(
+                    ["teacher", "t3d", *ABLATIONS],
+                    [args.ablation_seed],
+                    tuned,
+                    args.learning_rate,
+                    args.trajectory_temperature,
+                )
+            run(list({(j.folder, j.name): j for j in jobs}.values()), context, args.workers)
+        summary = summarise(output, args.seeds, variants, args.task, args.ablation_seed)
+    if tuning is not None:
+        summary["tuning"] = tuning
     if not args.summary_only:
         summary["wall_s"] = round(time.perf_counter() - start)
     summary["budget"] = {  # as given on this command line (the results on disk record their own)
-        "distill_steps": base.distill_steps,
+        "checkpoints": context["checkpoints"],
         "batch_size": base.batch_size,
         "num_trajectories": base.num_trajectories,
         "num_eval": base.num_eval,
+        "workers": args.workers,
+        "device": device,
     }
     if scratch is not None:
         scratch.cleanup()

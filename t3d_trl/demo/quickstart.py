@@ -65,6 +65,13 @@ class QuickstartConfig:
     distill_steps: int = field(default=400, metadata={"help": "Optimizer steps of every method."})
     batch_size: int = field(default=128, metadata={"help": "Training batch size (teacher and students)."})
     learning_rate: float = field(default=1e-3, metadata={"help": "Distillation learning rate."})
+    trajectory_temperature: float = field(
+        default=0.0,
+        metadata={
+            "help": "Temperature at which the teacher samples its trajectories (0: greedy; the public T3D code "
+            "collects at 0.1)."
+        },
+    )
     tokens_per_step: int = field(
         default=4, metadata={"help": "Student budget (TokPS) used for path weights."}
     )
@@ -140,8 +147,9 @@ def teacher_rows(task: DemoTask, config: QuickstartConfig) -> list[dict]:
     return task.sample(max(config.teacher_steps * config.batch_size // 4, 1000), seed=config.seed + 1)
 
 
-def train_teacher(task: DemoTask, config: QuickstartConfig, output_dir: Path) -> torch.nn.Module:
-    """Pre-train the task's tiny teacher with the library's own trainer (``loss_type="mdlm"``)."""
+def train_teacher(task: DemoTask, config: QuickstartConfig, output_dir: Path, **size: Any) -> torch.nn.Module:
+    """Pre-train the task's tiny teacher with the library's own trainer (``loss_type="mdlm"``); ``size`` are
+    ``Qwen3Config`` fields replacing the task's teacher size (the method study's capacity axis)."""
     from ..trainer.t3d_trainer import T3DTrainer
 
     tokenizer = task.tokenizer()
@@ -156,7 +164,7 @@ def train_teacher(task: DemoTask, config: QuickstartConfig, output_dir: Path) ->
             for r in rows
         ]
     )
-    model = build_teacher(task, seed=config.seed)
+    model = build_teacher(task, seed=config.seed, **size)
     args = _training_args(
         config,
         output_dir,
@@ -202,7 +210,9 @@ def collect(
         id_column="id",
         use_chat_template=False,
         keep_columns=["answer"],
-        generation_config=task.generation_config(tokens_per_step=1, stop_at_eos=False),
+        generation_config=task.generation_config(
+            tokens_per_step=1, stop_at_eos=False, temperature=config.trajectory_temperature
+        ),
         output_dir=str(output / "trajectories"),
         batch_size=512,
         seed=config.seed,
@@ -219,10 +229,12 @@ def distill(
     task: DemoTask,
     config: QuickstartConfig,
     output: Path,
+    callbacks: list[Any] | None = None,
     **overrides: Any,
 ) -> torch.nn.Module:
     """A fresh copy of the teacher distilled with ``loss_type=method``; ``overrides`` are further ``T3DConfig``
-    settings (the tuning study in ``benchmarks/sweep_demo_distillation.py`` uses them)."""
+    settings (the tuning study in ``benchmarks/sweep_demo_distillation.py`` uses them) and ``callbacks`` trainer
+    callbacks (the method study's :class:`~t3d_trl.trainer.EvaluateAtSteps` gives its learning curves)."""
     from ..trainer.t3d_trainer import T3DTrainer
 
     student = copy.deepcopy(teacher).train()
@@ -237,7 +249,11 @@ def distill(
         settings["lambda_path"] = config.lambda_path
     args = _training_args(config, output / method, **{**settings, **overrides})
     trainer = T3DTrainer(
-        model=student, args=args, train_dataset=trajectories, processing_class=task.tokenizer()
+        model=student,
+        args=args,
+        train_dataset=trajectories,
+        processing_class=task.tokenizer(),
+        callbacks=callbacks,
     )
     trainer.train()
     trainer.save_model(str(output / method))
@@ -269,9 +285,11 @@ def evaluate(
     rows: list[dict],
     config: QuickstartConfig,
     output: Path,
+    progress: bool = True,
 ):
     from ..evaluation.runner import run_grid
 
+    output.mkdir(parents=True, exist_ok=True)
     data_file = output / "eval_prompts.jsonl"
     data_file.write_text("".join(json.dumps(row) + "\n" for row in rows))
     benchmark = _benchmark(task)
@@ -288,6 +306,7 @@ def evaluate(
         seeds=[config.seed],
         use_chat_template=False,
         output_dir=output / "eval",
+        progress=progress,
     )
 
 
