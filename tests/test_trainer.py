@@ -26,6 +26,7 @@ from t3d_trl.data.schema import TrajectoryMetadata
 from t3d_trl.models.forward import unwrap_model
 from t3d_trl.trainer import T3DConfig, T3DTrainer
 from t3d_trl.trainer.reference import REFERENCE_FILE
+from t3d_trl.trainer.student_states import decoding_blocks, teacher_rollout
 
 PROMPTS = ["hello", "what is 2+2", "abc", "the cat sat"]
 BUILDERS = {"bidirectional": build_bidirectional_model, "block_causal": build_block_causal_model}
@@ -82,6 +83,7 @@ def logged(trainer, key="loss") -> list[float]:
         ("dparallel", "block_causal", {}),
         ("mdlm", "bidirectional", {}),
         ("t3d", "block_causal", {"student_state_ratio": 0.5}),
+        ("td", "bidirectional", {"student_state_ratio": 0.5, "student_state_labels": "rollout"}),
     ],
 )
 def test_each_loss_type_trains_with_finite_decreasing_loss(
@@ -147,6 +149,45 @@ def test_student_states_take_one_student_step_and_teacher_labels(tokenizer, traj
     assert relabelled.any()
     assert torch.equal(out["targets"][relabelled], labels[relabelled])
     assert torch.equal(out["targets"][~moved], batch["targets"][~moved])  # blocks that did not move
+
+
+def test_student_state_rollout_labels_are_the_teachers_own_completion(tokenizer, trajectories, tmp_path):
+    # The trainer passes student_state_labels through: the same student states as argmax labelling, and targets
+    # that are the frozen teacher's one-token-per-step completion of them. A larger initialisation makes the
+    # tiny teacher's predictions depend on the state (at the default its argmax barely does), so the two differ.
+    def build():
+        return build_block_causal_model(tokenizer, seed=1, initializer_range=0.2)
+
+    made = {}
+    for labels in ("argmax", "rollout"):
+        args = config(
+            tmp_path,
+            loss_type="td",
+            student_state_ratio=1.0,
+            student_state_labels=labels,
+            random_token_prob=0.0,
+            tokens_per_step=1,
+        )
+        trainer = T3DTrainer(
+            build(), args, train_dataset=trajectories["block_causal"], processing_class=tokenizer
+        )
+        batch = next(iter(trainer.get_train_dataloader()))
+        made[labels] = trainer.student_states(trainer.model, batch)
+    argmax, rollout = made["argmax"], made["rollout"]
+    assert torch.equal(argmax["input_ids"], rollout["input_ids"])
+    assert torch.equal(argmax["loss_mask"], rollout["loss_mask"])
+    assert not torch.equal(argmax["targets"], rollout["targets"])
+    block, _ = decoding_blocks(rollout, 4, True)
+    committed = batch["loss_mask"] & ~rollout["loss_mask"]
+    moved = torch.zeros_like(committed)
+    for b in block[committed].unique().tolist():
+        moved |= (block == b) & (committed & (block == b)).any(-1, keepdim=True)
+    relabelled = rollout["loss_mask"] & moved
+    teacher = build().train()
+    tokens, forwards = teacher_rollout(rollout, lambda b: trainer._logits(teacher, b), block, relabelled)
+    assert relabelled.any() and forwards <= 4
+    assert torch.equal(rollout["targets"][relabelled], tokens[relabelled])
+    assert torch.equal(rollout["targets"][~moved], batch["targets"][~moved])
 
 
 @pytest.mark.parametrize("kind", ["bidirectional", "block_causal"])
@@ -327,9 +368,13 @@ def test_model_card_lists_every_t3d_setting_that_differs_from_its_default(tokeni
         '"loss_type": "td"' in paper
         and "student_state_ratio" not in paper
         and "certainty_weight" not in paper
+        and "student_state_labels" not in paper
     )
-    departed = card(loss_type="td", student_state_ratio=0.25, certainty_weight=3.0)
+    departed = card(
+        loss_type="td", student_state_ratio=0.25, student_state_labels="rollout", certainty_weight=3.0
+    )
     assert '"student_state_ratio": 0.25' in departed and '"certainty_weight": 3.0' in departed
+    assert '"student_state_labels": "rollout"' in departed
     assert "overwrite_output_dir" not in departed  # how the run was carried out, not a setting of the model
 
 
@@ -405,6 +450,8 @@ def test_prompts_over_the_limit_are_dropped_not_truncated(tokenizer, trajectorie
         ({"random_token_prob": 1.0}, "random_token_prob"),
         ({"loss_type": "redi", "student_state_ratio": 0.5}, "moves trajectory states"),
         ({"student_state_ratio": 1.5}, "student_state_ratio must be in"),
+        ({"student_state_ratio": 0.5, "student_state_labels": "sample"}, "student_state_labels must be"),
+        ({"student_state_labels": "rollout"}, "student_state_ratio=0 makes none"),
     ],
 )
 def test_invalid_configurations_fail_at_construction(tmp_path, overrides, message):

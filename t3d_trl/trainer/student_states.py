@@ -1,6 +1,10 @@
 """Student states (``T3DConfig.student_state_ratio``): training states one parallel step of the student off the
 teacher's trajectory, relabelled by the frozen teacher.
 
+The labels of the positions still masked in a moved block are either the teacher's per-position argmax at the
+student state (``"argmax"``, one teacher forward), or the teacher's own sequential completion of that state
+(``"rollout"``, :func:`teacher_rollout`, up to ``block_length`` teacher forwards).
+
 Which rows move is drawn from a generator keyed on ``(seed, global_step, micro_batch, process)``, and how many
 positions leave the loss depends only on the batch (each moving block commits exactly ``tokens_per_step`` of its
 masked positions), not on the student's predictions. So the loss's normaliser for the whole accumulated step
@@ -62,6 +66,56 @@ def committed_count(
     )
 
 
+STUDENT_STATE_LABELS = ("argmax", "rollout")
+
+
+@torch.no_grad()
+def teacher_rollout(
+    batch: dict[str, torch.Tensor],
+    teacher_logits: Callable[[dict[str, torch.Tensor]], torch.Tensor],
+    block: torch.Tensor,
+    todo: torch.Tensor,
+) -> tuple[torch.Tensor, int]:
+    """The teacher's own greedy completion of the positions ``todo`` (``[rows, kept]``) of ``batch``, one token
+    per step and block, and how many teacher forwards it took.
+
+    Each step runs the teacher on the current state and, in every block (``block``: the block index of each
+    kept column) that still holds a ``todo`` position, commits the single most confident one to the teacher's
+    argmax there (low-confidence order, as a one-token-per-step sampler decodes); the next step sees it. Blocks
+    decode side by side, so a block of ``L`` positions takes at most ``L`` forwards. Positions not yet committed
+    show what ``batch`` shows there (the mask, or a random token), as for the argmax labels.
+
+    Why: trajectory self-distillation (the paper's section "Trajectory Self-Distillation") pairs a state with the
+    clean tokens of the teacher's own rollout from it, whose tokens are coherent because each conditions on
+    the ones committed before it. The per-position argmax of a single forward is the mean-field factorisation
+    the paper names as the few-step bottleneck: where the teacher's distribution has several modes (two
+    answers), neighbouring positions can take their argmax from different modes and the labels spell neither.
+    The rollout's labels are always one completion the teacher itself would write from that state. Returns ``(tokens, forwards)``; ``tokens`` holds
+    the committed token at every ``todo`` position (other entries are 0). ``batch`` is not modified: the
+    rollout's tokens are labels, never the training input.
+    """
+    keep = batch["keep"]
+    state = dict(batch)
+    state["input_ids"] = batch["input_ids"].clone()
+    state["loss_mask"] = batch["loss_mask"].clone()
+    tokens = torch.zeros(todo.shape, dtype=batch["input_ids"].dtype, device=todo.device)
+    left = todo.clone()
+    forwards = 0
+    while left.any():
+        confidence, proposal = teacher_logits(state).float().softmax(-1).max(-1)
+        forwards += 1
+        commit = torch.zeros_like(left)
+        for b in block[left].unique().tolist():
+            in_block = left & (block == b)
+            best = confidence.masked_fill(~in_block, -1.0).argmax(-1, keepdim=True)
+            commit |= torch.zeros_like(left).scatter_(-1, best, True) & in_block
+        tokens = torch.where(commit, proposal, tokens)
+        state["input_ids"][:, keep] = torch.where(commit, proposal, state["input_ids"][:, keep])
+        state["loss_mask"] &= ~commit
+        left &= ~commit
+    return tokens, forwards
+
+
 @torch.no_grad()
 def make_student_states(
     inputs: dict[str, torch.Tensor],
@@ -71,9 +125,17 @@ def make_student_states(
     block_length: int,
     is_block_causal: bool,
     tokens_per_step: int,
+    labels: str = "argmax",
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """``inputs`` with the ``chosen`` rows moved one student step and relabelled by the teacher, and the moved
-    rows' batch (``input_ids``, ``loss_mask``, ``targets``)."""
+    rows' batch (``input_ids``, ``loss_mask``, ``targets``).
+
+    ``labels`` (``T3DConfig.student_state_labels``): ``"argmax"``, the teacher's per-position argmax at the
+    student state (one forward); ``"rollout"``, the tokens of the teacher's sequential greedy completion of the
+    moved blocks (:func:`teacher_rollout`). Either way the input is the student state; only the targets differ.
+    """
+    if labels not in STUDENT_STATE_LABELS:
+        raise ValueError(f"labels must be one of {STUDENT_STATE_LABELS}, got {labels!r}")
     batch = {k: v if k == "keep" else v[chosen] for k, v in inputs.items()}
     keep = batch["keep"]
     confidence, proposal = student_logits(batch).float().softmax(-1).max(-1)
@@ -91,8 +153,12 @@ def make_student_states(
     batch["input_ids"] = batch["input_ids"].clone()
     batch["input_ids"][:, keep] = torch.where(commit, proposal, columns)
     batch["loss_mask"] = batch["loss_mask"] & ~commit
-    labels = teacher_logits(batch).argmax(-1)
-    batch["targets"] = torch.where(batch["loss_mask"] & moved, labels, batch["targets"])
+    relabel = batch["loss_mask"] & moved
+    if labels == "rollout":
+        teacher, _ = teacher_rollout(batch, teacher_logits, block, relabel)
+    else:
+        teacher = teacher_logits(batch).argmax(-1)
+    batch["targets"] = torch.where(relabel, teacher, batch["targets"])
     out = dict(inputs)
     for name in ("input_ids", "loss_mask", "targets"):
         out[name] = inputs[name].clone()

@@ -10,6 +10,7 @@ from transformers.utils import is_torch_bf16_gpu_available
 from trl.trainer.base_config import _BaseConfig
 
 from .losses import PATH_WEIGHTINGS
+from .student_states import STUDENT_STATE_LABELS
 
 LOSS_TYPES = ("t3d", "ddo", "td", "redi", "dparallel", "mdlm")
 TRAJECTORY_LOSSES = ("t3d", "ddo", "td")  # need the teacher's decoding order (decode_step)
@@ -71,6 +72,13 @@ class T3DConfig(_BaseConfig):
             prediction at that state. The student then trains on the states its few-step decoding reaches, not
             only on the teacher's. `0`: teacher states only (the paper). Trajectory losses only; costs one student
             and one teacher forward (no gradient) per batch. Measured in `docs/method_study.md` (it lost there).
+        student_state_labels (`str`, *optional*, defaults to `"argmax"`):
+            How the teacher labels the still-masked positions of a moved block (`student_state_ratio > 0` only):
+            `"argmax"`, its per-position argmax at the student state (one teacher forward; in a state with two
+            possible answers neighbouring labels can come from different answers); `"rollout"`, the tokens of
+            its own sequential completion of that state, greedy, one token per step and block in low-confidence
+            order, every block in parallel (labels only: the input stays the student state). Rollout costs up to
+            `block_length` teacher forwards (no gradient) per moved micro-batch instead of one.
         random_token_prob (`float`, *optional*, defaults to `0.1`):
             Probability that a masked input position shows a uniformly drawn vocabulary token instead of the
             mask token (targets stay clean). Applies to every `loss_type`; set 0 to reproduce a published
@@ -147,6 +155,13 @@ class T3DConfig(_BaseConfig):
             "help": "Share of rows moved one student parallel step off the trajectory, teacher-labelled."
         },
     )
+    student_state_labels: str = field(
+        default="argmax",
+        metadata={
+            "help": "Teacher labels of student states: argmax (one forward) or rollout (its own completion).",
+            "choices": list(STUDENT_STATE_LABELS),
+        },
+    )
     random_token_prob: float = field(
         default=0.1, metadata={"help": "Share of masked input positions shown as random tokens."}
     )
@@ -219,6 +234,10 @@ class T3DConfig(_BaseConfig):
                 f"student_state_ratio={self.student_state_ratio} moves trajectory states, but "
                 f"loss_type={self.loss_type!r} masks randomly; use it with one of {TRAJECTORY_LOSSES}"
             )
+        if self.student_state_labels not in STUDENT_STATE_LABELS:
+            raise ValueError(
+                f"student_state_labels must be one of {STUDENT_STATE_LABELS}, got {self.student_state_labels!r}"
+            )
         if not 0 <= self.random_token_prob < 1:
             raise ValueError(f"random_token_prob must be in [0, 1), got {self.random_token_prob}")
         if self.tokens_per_step < 1:
@@ -238,6 +257,11 @@ class T3DConfig(_BaseConfig):
             raise ValueError(
                 f"state_sampling={self.state_sampling!r} draws trajectory states, but loss_type={self.loss_type!r} "
                 f"masks randomly; use it with one of {TRAJECTORY_LOSSES}"
+            )
+        if self.student_state_labels != "argmax" and self.student_state_ratio == 0:
+            raise ValueError(
+                f"student_state_labels={self.student_state_labels!r} labels student states, but "
+                "student_state_ratio=0 makes none; set student_state_ratio > 0"
             )
         if self.path_weighting != "early" and self.loss_type != "t3d":
             raise ValueError(

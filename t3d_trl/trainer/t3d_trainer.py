@@ -390,7 +390,8 @@ class T3DTrainer(_BaseTrainer):
         first block holding a mask), the student commits its ``tokens_per_step`` most confident masked tokens
         (greedy, as ``diffusion_generate`` does), provided at least one mask is left after it. The committed
         positions leave the loss; in the blocks that moved, the targets of the masked positions become the
-        teacher's argmax at the new state (blocks that did not move keep the teacher's trajectory tokens).
+        teacher's argmax at the new state, or the tokens of its own sequential completion of it
+        (``student_state_labels``); blocks that did not move keep the teacher's trajectory tokens.
         Rows are chosen by a generator keyed on ``(seed, global_step, micro_batch, process)``, so a resumed run
         draws the same rows. ``training_step`` calls it on every micro-batch.
         """
@@ -407,6 +408,7 @@ class T3DTrainer(_BaseTrainer):
             self.block_length,
             self.diffusion.is_block_causal,
             self.args.tokens_per_step,
+            labels=self.args.student_state_labels,
         )
         self._record({"student_states": chosen.float().mean()})
         return out
