@@ -62,6 +62,7 @@ from t3d_trl.trainer import EvaluateAtSteps
 
 TASKS = ("wordsort", "wordset")
 CHECKPOINTS = (60, 120, 240, 480, 960)  # doubling; the last is the budget of every student
+TUNING_CHECKPOINTS = (480, 960)  # the score is taken at the last; the one before shows the trend
 LR_GRID = (1e-3, 3e-4, 1e-4)
 TEMPERATURES = (0.0, 0.1, 1.0)  # greedy, the public reference code's 0.1, plain sampling
 TUNING_SEED = 100
@@ -331,13 +332,15 @@ def main_jobs(
 
 
 def tuning_jobs(seed: int, objectives: list[str], rates: list[float], temperatures: list[float]) -> list[Job]:
+    """The grid, temperature by temperature (in the order given: a grid cut short holds whole temperatures)."""
     jobs = [Job("teacher", seed, "teacher", {}, 0.0, 0.0, f"tuning/seed{seed}")]
-    for name in objectives:
-        method, settings = OBJECTIVES[name]
-        for temperature in temperatures if reads_teacher(method) else [0.0]:
-            for rate in rates:
-                label = f"{name}_lr{rate:g}_T{temperature:g}"
-                jobs.append(Job(label, seed, method, settings, rate, temperature, f"tuning/seed{seed}"))
+    for temperature in temperatures:
+        for rate in rates:
+            for name in objectives:
+                method, settings = OBJECTIVES[name]
+                if temperature == 0 or reads_teacher(method):
+                    label = f"{name}_lr{rate:g}_T{temperature:g}"
+                    jobs.append(Job(label, seed, method, settings, rate, temperature, f"tuning/seed{seed}"))
     return jobs
 
 
@@ -579,7 +582,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--variants", nargs="+", default=None, help="main-comparison models, in run order")
     parser.add_argument("--teacher", default=None, help="default: the packaged teacher of the task")
     parser.add_argument("--output_dir", default=None, help="default: method-study-<task>")
-    parser.add_argument("--checkpoints", type=int, nargs="+", default=list(CHECKPOINTS))
+    parser.add_argument(
+        "--checkpoints",
+        type=int,
+        nargs="+",
+        default=None,
+        help=f"default: {CHECKPOINTS}; with --tune: 480 960",
+    )
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--learning_rate", type=float, default=None, help="one rate for every objective")
     parser.add_argument("--trajectory_temperature", type=float, default=None, help="default: the tuned one")
@@ -630,6 +639,7 @@ def main() -> None:
         args.seeds, args.ablation_seed, args.checkpoints, args.tuning_seed = [0], 0, [1, 2], 1
         args.tune_learning_rates, args.tune_temperatures = [1e-3, 3e-4], [0.0, 1.0]
         args.tune_objectives = ["t3d", "mdlm"]
+        args.workers = max(args.workers, 2)  # the worker pool too
     output.mkdir(parents=True, exist_ok=True)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     context = {
@@ -637,7 +647,7 @@ def main() -> None:
         "teacher": teacher,
         "output": str(output),
         "base": base,
-        "checkpoints": sorted(set(args.checkpoints)),
+        "checkpoints": sorted(set(args.checkpoints or (TUNING_CHECKPOINTS if args.tune else CHECKPOINTS))),
         "threads": args.threads,
         "device": device,
     }
