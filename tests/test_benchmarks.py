@@ -232,12 +232,39 @@ def _distributed_targets(result: dict) -> None:
 
 
 def _method_study_targets(result: dict) -> None:
-    # Every objective and ablation on tiny budgets; the summary names the recommended T3D setting.
+    # Every objective along one run (checkpoints 1 and 2), the tuning grid and the ablations on tiny budgets.
     expected = {"teacher_drop_tokps4", "t3d_minus_best_baseline_tokps2", "t3d_minus_best_baseline_tokps4"}
     assert expected | {"t3d_full_step_minus_teacher", "seeds", "recommended_t3d"} <= set(result)
     assert result["incomplete"] == [] and result["seeds"] == [0]
     assert set(result["baselines_measured"]) == {"td", "redi", "ddo", "dparallel"}
     assert result["recommended_t3d"]["loss_type"] == "t3d"
+    # The learning curve: evaluated after optimizer steps 1 and 2 of one run; the budget is the last checkpoint.
+    assert result["checkpoints"] == [1, 2] and result["distill_steps"] == 2
+    students = {"t3d", "t3d_paper", "ddo", "td", "redi", "dparallel", "mdlm", "t3d_rollout"}
+    assert set(result["learning_rates"]) == students
+    assert all(isinstance(rate, float) and 0 < rate < 1 for rate in result["learning_rates"].values())
+    assert isinstance(result["trajectory_temperature"], float) and result["trajectory_temperature"] >= 0
+    # The plateau gain is the largest last-doubling gain at TokPS 4 over every student.
+    assert set(result["plateau_gain_by_model"]) == students
+    assert result["plateau_gain_tokps4"] == max(result["plateau_gain_by_model"].values())
+    assert result["best_objective_tokps4"] in students
+    assert set(result["full_step_minus_teacher"]) == students
+    assert result["full_step_minus_teacher"]["t3d"] == result["t3d_full_step_minus_teacher"]
+    for key in (
+        "best_student_tokps4_minus_teacher_tokps1",
+        "t3d_rollout_minus_t3d_tokps2",
+        "t3d_rollout_minus_t3d_tokps4",
+        *(f"t3d_minus_best_baseline_tokps{k}" for k in (2, 4)),
+    ):
+        assert isinstance(result[key], float) and -100 <= result[key] <= 100, key
+    assert result["t3d_dynamic_nfe_over_teacher"] > 0
+    # The tuning grid ran on its own seed: t3d at 2 rates x 2 temperatures, mdlm (reads no teacher) at 2 rates.
+    tuning = result["tuning"]
+    assert tuning["tuning_seed"] not in result["seeds"] and tuning["measured"] == 6
+    assert set(tuning["learning_rates"]) == {"t3d", "mdlm"}
+    assert set(tuning["learning_rates"].values()) <= {1e-3, 3e-4}
+    assert tuning["trajectory_temperature"] in (0.0, 1.0)
+    assert set(tuning["mean_best_score_by_temperature"]) == {"0", "1"}
 
 
 # Scripts whose --quick run has correctness targets (ratios of timings are never asserted).

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 
@@ -10,7 +12,15 @@ from t3d_trl.demo import DEMO_TASKS, build_teacher, get_task, teacher_config
 
 
 def test_registry_has_every_family_and_names_unknown_ones():
-    assert set(DEMO_TASKS) == {"sort2", "words", "add", "wordsort", "wordorder", "wordsort_bidirectional"}
+    assert set(DEMO_TASKS) == {
+        "sort2",
+        "words",
+        "add",
+        "wordsort",
+        "wordorder",
+        "wordset",
+        "wordsort_bidirectional",
+    }
     with pytest.raises(ValueError, match="unknown demo task 'nope'.*sort2"):
         get_task("nope")
 
@@ -28,9 +38,11 @@ def test_sampling_is_deterministic_with_fixed_lengths_and_valid_answers(name):
         assert len(row["answer"].split()) == task.answer_length
         assert task.is_valid(row["prompt"], row["answer"])
     assert task.answer_length % task.block_length == 0
-    # Several valid answers per prompt, and the sampled answers use more than one of them.
-    assert all(len(task.valid_answers(row["prompt"])) >= 2 for row in rows)
-    assert len({task.valid_answers(row["prompt"]).index(row["answer"]) for row in rows}) >= 2
+    # Several valid answers per prompt, and the sampled answers use more than one of them (on the first 12 rows:
+    # listing wordset's 40,320 answers takes a fifth of a second a prompt).
+    listed = [(task.valid_answers(row["prompt"]), row["answer"]) for row in rows[:12]]
+    assert all(len(valid) >= 2 for valid, _ in listed)
+    assert len({valid.index(answer) for valid, answer in listed}) >= 2
 
 
 def test_sort2_accepts_both_orders_and_rejects_near_misses():
@@ -160,6 +172,105 @@ def test_wordorder_accepts_the_given_order_and_its_reverse():
     assert task.is_valid(prompt, forward)
     assert task.is_valid(prompt, "j a d e f e r n l a m p s a n d c o l d n o t e b e a r w o l f")
     assert not task.is_valid(prompt, "j a d e f e r n l a m p s a n d c o l d n o t e w o l f b e a r")
+
+
+def spell(words) -> str:
+    return " ".join("".join(words))
+
+
+def test_wordset_accepts_every_order_and_rejects_near_misses_without_listing_answers():
+    task = get_task("wordset")
+    assert (task.answer_length, task.block_length, task.attention) == (32, 4, "block_causal")
+    prompt = "wolf bear note cold sand lamp fern jade"
+    words = prompt.split()
+    valid = task.valid_answers(prompt)
+    assert len(valid) == len(set(valid)) == 40_320 and valid[0] == spell(words)
+    listed = set(valid)
+    orders = [words, words[::-1], sorted(words), [*words[4:], *words[:4]]]
+    orders += [random.Random(seed).sample(words, 8) for seed in range(20)]
+    for order in orders:
+        assert spell(order) in listed and task.is_valid(prompt, spell(order)), order
+    assert task.is_valid(prompt, "  " + spell(words[::-1]) + " ")  # whitespace is only a separator
+    mixed = spell(words).split()
+    mixed[1], mixed[5] = mixed[5], mixed[1]  # "wolf bear" -> "welf boar": letters of two words in each block
+    near_misses = {
+        "a word twice": spell([*words[:7], "wolf"]),
+        "a word not in the prompt": spell([*words[:7], "tide"]),
+        "two blocks mixed": " ".join(mixed),
+        "one letter short": spell(words)[:-2],
+        "one letter long": spell(words) + " e",
+        "7 words": spell(words[:7]),
+        "9 words": spell([*words, "tide"]),
+        "a word spelled backwards": spell(["flow", *words[1:]]),
+        "a word split across blocks": " ".join(["x", *spell(words).split()[:-1]]),
+    }
+    for what, completion in near_misses.items():
+        # The checker agrees with the full list of answers, which it never builds.
+        assert completion not in listed and not task.is_valid(prompt, completion), what
+
+
+def test_wordset_malformed_prompts_raise_naming_the_prompt():
+    task = get_task("wordset")
+    answer = spell(["wolf", "bear", "note", "cold", "sand", "lamp", "fern", "jade"])
+    for prompt in (
+        "wolf wolf note cold sand lamp fern jade",  # a word twice
+        "wolf bear note cold sand lamp fern",  # 7 words
+        "wolf bear note cold sand lamp fern zzzz",  # not a task word
+        "w bear note cold sand lamp fern jade",  # a letter, not a word
+    ):
+        with pytest.raises(ValueError, match=f"{prompt!r} is not a wordset prompt"):
+            task.is_valid(prompt, answer)
+        with pytest.raises(ValueError, match=f"{prompt!r} is not a wordset prompt"):
+            task.valid_answers(prompt)
+
+
+def test_wordset_samples_many_different_orders():
+    task = get_task("wordset")
+    rows = task.sample(20, seed=0)
+    orders = []
+    for row in rows:
+        letters = row["answer"].split()
+        written = ["".join(letters[i : i + 4]) for i in range(0, 32, 4)]
+        assert sorted(written) == sorted(row["prompt"].split())
+        orders.append(tuple(row["prompt"].split().index(word) for word in written))
+    assert len(set(orders)) >= 15  # 20 draws out of 40,320 orders: nearly all different
+    assert len({order[0] for order in orders}) >= 4  # block 0 is a choice, not the prompt's first word
+    # The same prompt drawn again gives other orders too.
+    prompt = rows[0]["prompt"].split()
+    rng = random.Random(0)
+    assert len({task._draw_answer(prompt, rng) for _ in range(10)}) >= 8
+
+
+def test_answer_draws_of_the_other_families_are_unchanged():
+    # Rows of `sample(3, seed=5)` as drawn before wordset's own answer-draw existed (commit b83e054), when every
+    # family drew with rng.choice over its list: the refactor must not move any other family's data.
+    assert get_task("sort2").sample(3, seed=5) == [
+        {"id": "sort2-5-0", "prompt": "b c l p h e m f =", "answer": "b c e f h l m p"},
+        {"id": "sort2-5-1", "prompt": "p n f e i h o d =", "answer": "d e f h i n o p"},
+        {"id": "sort2-5-2", "prompt": "e k g o l d m p =", "answer": "d e g k l m o p"},
+    ]
+    assert get_task("words").sample(3, seed=5) == [
+        {"id": "words-5-0", "prompt": "color tool =", "answer": "g r a y r a k e"},
+        {"id": "words-5-1", "prompt": "animal food =", "answer": "d u c k p l u m"},
+        {"id": "words-5-2", "prompt": "tool food =", "answer": "f i l e b e a n"},
+    ]
+    assert get_task("wordsort").sample(3, seed=5) == [
+        {
+            "id": "wordsort-5-0",
+            "prompt": "mint lamp hint note pine kelp tide sand",
+            "answer": "t i d e s a n d p i n e n o t e m i n t l a m p k e l p h i n t",
+        },
+        {
+            "id": "wordsort-5-1",
+            "prompt": "tide gust jade sand pine dusk note wolf",
+            "answer": "w o l f t i d e s a n d p i n e n o t e j a d e g u s t d u s k",
+        },
+        {
+            "id": "wordsort-5-2",
+            "prompt": "fern lamp pine cold hint tide kelp wolf",
+            "answer": "w o l f t i d e p i n e l a m p k e l p h i n t f e r n c o l d",
+        },
+    ]
 
 
 def test_wordsort_teacher_is_block_causal_with_blocks_of_four(tmp_path):
