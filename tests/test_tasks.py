@@ -299,6 +299,30 @@ def test_packaged_wordsort_teacher_is_block_causal_and_answers_one_token_per_ste
     assert valid >= 14, completions  # the study measured 98% on 3000 held-out prompts
 
 
+def test_packaged_wordset_teacher_writes_valid_orders_and_samples_other_ones_at_temperature_one():
+    from t3d_trl.demo.quickstart import PACKAGED_TEACHERS
+
+    task = get_task("wordset")
+    model = AutoModelForDiffusionLM.from_pretrained(str(PACKAGED_TEACHERS / "wordset")).eval()
+    assert (model.diffusion_config.attention, model.diffusion_config.block_size) == ("block_causal", 4)
+    rows = task.sample(12, seed=12345)
+    tokenizer = task.tokenizer()
+    prompts = torch.tensor(tokenizer([r["prompt"] for r in rows], add_special_tokens=False)["input_ids"])
+
+    def decode(**settings):
+        config = task.generation_config(1, stop_at_eos=False, **settings)
+        out = model.diffusion_generate(
+            prompts, generation_config=config, generator=torch.Generator().manual_seed(0)
+        )
+        return tokenizer.batch_decode(out[:, prompts.shape[1] :])
+
+    greedy, sampled = decode(), decode(temperature=1.0)
+    assert sum(task.is_valid(r["prompt"], c) for r, c in zip(rows, greedy)) >= 11, greedy
+    assert sum(task.is_valid(r["prompt"], c) for r, c in zip(rows, sampled)) >= 10, sampled
+    # Every block is a choice: sampling writes other orders than the greedy ones.
+    assert sum(g != s for g, s in zip(greedy, sampled)) >= 6, (greedy, sampled)
+
+
 def test_packaged_bidirectional_wordsort_teacher_decodes_in_blocks_of_four_with_every_cache():
     from t3d_trl.demo.quickstart import PACKAGED_TEACHERS
 
