@@ -6,7 +6,9 @@ packaged teacher of the task decodes the training prompts one token per step (gr
 ``--trajectory_temperature``); each objective then distils a fresh copy of it on the SAME trajectories with the
 SAME optimizer steps, and is evaluated on held-out prompts at TokPS 1, 2 and 4 and with dynamic decoding
 (threshold 0.9) at every checkpoint of ``--checkpoints`` along ONE run (no retraining per point, the run's later
-steps unchanged by the evaluations: :class:`t3d_trl.trainer.EvaluateAtSteps`).
+steps unchanged by the evaluations: :class:`t3d_trl.trainer.EvaluateAtSteps`). Along one cosine run the last
+doubling also anneals the learning rate, so the plateau rule is tested with a second, whole run of half the budget
+per model (``<name>_steps<N/2>``; ``--no_plateau_runs`` skips it).
 
 * Main comparison (``--seeds``): the teacher; ``t3d`` in the recommended setting (``RECOMMENDED``);
   ``t3d_paper`` (the paper's settings); ``ddo``, ``td``, ``redi``, ``dparallel``; ``mdlm`` (SFT on the task's real
@@ -120,6 +122,9 @@ class Job:
     learning_rate: float
     temperature: float
     folder: str  # results/seed<S> or tuning/seed<S>, under the output directory
+    budget: int | None = (
+        None  # a whole run of this many steps evaluated at its end, instead of the curve's run
+    )
 
     def path(self, output: Path) -> Path:
         return output / self.folder / f"{self.name}.json"
@@ -233,7 +238,7 @@ def _measure_job(job: Job, context: dict[str, Any], path: Path) -> dict[str, Any
             data = collect(
                 teacher, task, train_rows, config, trajectories_dir(output, job.seed, job.temperature)
             )
-        checkpoints = context["checkpoints"]
+        checkpoints = [job.budget] if job.budget else context["checkpoints"]
 
         def at_checkpoint(model: torch.nn.Module, step: int) -> dict[str, Any]:
             folder = work / f"step{step}"
@@ -316,8 +321,15 @@ def run(jobs: list[Job], context: dict[str, Any], workers: int) -> None:
 
 
 def main_jobs(
-    names: list[str], seeds: list[int], tuned: dict[str, Any], lr: float | None, temperature: float | None
+    names: list[str],
+    seeds: list[int],
+    tuned: dict[str, Any],
+    lr: float | None,
+    temperature: float | None,
+    half_budget: int | None = None,
 ) -> list[Job]:
+    """The jobs of ``names`` x ``seeds``; with ``half_budget``, also a whole run (its own schedule) of that many
+    steps per trained model: the doubling test of the plateau rule."""
     temperature = tuned["trajectory_temperature"] if temperature is None else temperature
     jobs = []
     for name in names:
@@ -329,6 +341,11 @@ def main_jobs(
             rate = lr if lr is not None else tuned["learning_rates"][objective_of(name)]
             temp = temperature if reads_teacher(method) else 0.0
             jobs.append(Job(name, seed, method, settings, rate, temp, f"results/seed{seed}"))
+            if half_budget:
+                label = f"{name}_steps{half_budget}"
+                jobs.append(
+                    Job(label, seed, method, settings, rate, temp, f"results/seed{seed}", half_budget)
+                )
     return jobs
 
 
@@ -493,18 +510,26 @@ def summarise(output: Path, seeds: list[int], variants: list[str], task: str, ab
         lines.append("| " + " | ".join(cells) + " |")
     students = [n for n in names if n != "teacher"]
     steps = sorted(int(s) for s in rows[students[0]][0]["curve"]) if students else []
+    half = steps[-1] // 2 if steps else None
     curve_lines = [
-        "| model | " + " | ".join(f"{s} steps" for s in steps) + " | last doubling |",
-        "|---|" + "---|" * (len(steps) + 1),
+        "| model | "
+        + " | ".join(f"{s} steps" for s in steps)
+        + f" | last doubling along the run | whole runs of {half} -> {steps[-1] if steps else ''} steps |",
+        "|---|" + "---|" * (len(steps) + 2),
     ]
-    gains = {}
+    gains, along = {}, {}
     for name in students:
         means = [statistics.fmean(r["curve"][str(s)]["tokps"]["4"] for r in rows[name]) for s in steps]
-        gains[name] = round(means[-1] - means[-2], 2) if len(means) > 1 else None
+        along[name] = round(means[-1] - means[-2], 2) if len(means) > 1 else None
+        halves = [load(output, f"results/seed{s}", f"{name}_steps{half}") for s in seeds]
+        if all(
+            halves
+        ):  # the plateau rule's doubling: whole runs of N/2 and N steps, each with its own schedule
+            gains[name] = round(m(name, "4") - statistics.fmean(r["tokps"]["4"] for r in halves), 2)
         cells = [f"{v:.1f}" for v in means]
-        curve_lines.append(
-            "| " + " | ".join([name, *cells, f"{gains[name]:+.1f}" if gains[name] is not None else ""]) + " |"
-        )
+        cells.append(f"{along[name]:+.1f}" if along[name] is not None else "")
+        cells.append(f"{gains[name]:+.1f}" if name in gains else "not run")
+        curve_lines.append("| " + " | ".join([name, *cells]) + " |")
     plot_curves(output, rows, task, seeds)
 
     ablation_lines = []
@@ -523,7 +548,7 @@ def summarise(output: Path, seeds: list[int], variants: list[str], task: str, ab
     baselines = [b for b in BASELINES if b in names]
     best = {k: max(baselines, key=lambda b: m(b, k)) if baselines else None for k in ("2", "4")}
     best_student = max(students, key=lambda n: m(n, "4")) if students else None
-    valid_gains = [g for g in gains.values() if g is not None]
+    valid_along = [g for g in along.values() if g is not None]
     summary = {
         "task": task,
         "teacher_drop_tokps4": round(m("teacher", "1") - m("teacher", "4"), 2),
@@ -546,8 +571,10 @@ def summarise(output: Path, seeds: list[int], variants: list[str], task: str, ab
             ),
             None,
         ),
-        "plateau_gain_tokps4": max(valid_gains) if valid_gains else None,
+        "plateau_gain_tokps4": max(gains.values()) if gains and len(gains) == len(students) else None,
         "plateau_gain_by_model": gains,
+        "along_run_gain_tokps4": max(valid_along) if valid_along else None,
+        "along_run_gain_by_model": along,
         "best_objective_tokps4": best_student,
         "best_student_tokps4_minus_teacher_tokps1": round(m(best_student, "4") - m("teacher", "1"), 2)
         if best_student
@@ -599,6 +626,12 @@ def parse_args() -> argparse.Namespace:
         "--tuning_file",
         default=None,
         help="a tuning_seed<S>.json of --tune to read the rates from (default: TUNED)",
+    )
+    parser.add_argument(
+        "--no_plateau_runs",
+        dest="plateau_runs",
+        action="store_false",
+        help="skip the whole runs of half the budget that test the plateau rule",
     )
     parser.add_argument("--tune", action="store_true", help="run the tuning grid on --tuning_seed instead")
     parser.add_argument("--tuning_seed", type=int, default=TUNING_SEED)
@@ -669,7 +702,10 @@ def main() -> None:
     if not args.tune or args.quick:
         if not args.summary_only:
             tuned = json.loads(Path(args.tuning_file).read_text()) if args.tuning_file else TUNED[args.task]
-            jobs = main_jobs(variants, args.seeds, tuned, args.learning_rate, args.trajectory_temperature)
+            half = max(context["checkpoints"]) // 2 if args.plateau_runs else None
+            jobs = main_jobs(
+                variants, args.seeds, tuned, args.learning_rate, args.trajectory_temperature, half
+            )
             if args.ablation_seed is not None:
                 jobs += main_jobs(
                     ["teacher", "t3d", *ABLATIONS],
