@@ -678,6 +678,7 @@ def main() -> None:
         args.tune_learning_rates, args.tune_temperatures = [1e-3, 3e-4], [0.0, 1.0]
         args.tune_objectives = ["t3d", "mdlm"]
         args.workers = max(args.workers, 2)  # the worker pool too
+        args.plateau_runs = True
     output.mkdir(parents=True, exist_ok=True)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     context = {
