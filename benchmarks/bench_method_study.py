@@ -106,8 +106,10 @@ BASELINES = ("td", "redi", "ddo", "dparallel")
 # Chosen on the tuning seed by `--tune` (docs/method_study.md, "Tuning"): per task, each objective's learning rate
 # and the teachers' trajectory temperature. Variants not named use the rate of the objective they extend (t3d).
 TUNED: dict[str, dict[str, Any]] = {
-    # seed 100: 1e-3 scored highest for every objective on both tasks (the top of the grid).
-    "wordsort": {"learning_rates": {name: 1e-3 for name in OBJECTIVES}, "trajectory_temperature": 0.0},
+    # seed 100: 1e-3 scored highest for every objective on both tasks (the top of the grid); on wordsort the
+    # trajectories sampled at 0.1 scored 91.19 on average against 90.97 greedy and 89.83 at 1.0 (a tie by any
+    # standard error, but the rule was fixed beforehand). The wordset temperature axis was not run: greedy.
+    "wordsort": {"learning_rates": {name: 1e-3 for name in OBJECTIVES}, "trajectory_temperature": 0.1},
     "wordset": {"learning_rates": {name: 1e-3 for name in OBJECTIVES}, "trajectory_temperature": 0.0},
 }
 
