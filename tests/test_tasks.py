@@ -284,15 +284,21 @@ def test_wordsort_teacher_is_block_causal_with_blocks_of_four(tmp_path):
     assert AutoModelForDiffusionLM.from_pretrained(str(tmp_path)).diffusion_config == model.diffusion_config
 
 
-def test_packaged_wordsort_teacher_is_block_causal_and_answers_one_token_per_step():
+def _packaged(name: str, n: int):
+    """(task, its packaged teacher, ``n`` held-out rows, tokenizer, their prompt ids)."""
     from t3d_trl.demo.quickstart import PACKAGED_TEACHERS
 
-    task = get_task("wordsort")
-    model = AutoModelForDiffusionLM.from_pretrained(str(PACKAGED_TEACHERS / "wordsort")).eval()
-    assert (model.diffusion_config.attention, model.diffusion_config.block_size) == ("block_causal", 4)
-    rows = task.sample(16, seed=12345)
+    task = get_task(name)
+    model = AutoModelForDiffusionLM.from_pretrained(str(PACKAGED_TEACHERS / name)).eval()
+    rows = task.sample(n, seed=12345)
     tokenizer = task.tokenizer()
     prompts = torch.tensor(tokenizer([r["prompt"] for r in rows], add_special_tokens=False)["input_ids"])
+    return task, model, rows, tokenizer, prompts
+
+
+def test_packaged_wordsort_teacher_is_block_causal_and_answers_one_token_per_step():
+    task, model, rows, tokenizer, prompts = _packaged("wordsort", 16)
+    assert (model.diffusion_config.attention, model.diffusion_config.block_size) == ("block_causal", 4)
     out = model.diffusion_generate(prompts, generation_config=task.generation_config(1, stop_at_eos=False))
     completions = tokenizer.batch_decode(out[:, prompts.shape[1] :])
     valid = sum(task.is_valid(r["prompt"], c) for r, c in zip(rows, completions))
@@ -300,14 +306,8 @@ def test_packaged_wordsort_teacher_is_block_causal_and_answers_one_token_per_ste
 
 
 def test_packaged_wordset_teacher_writes_valid_orders_and_samples_other_ones_at_temperature_one():
-    from t3d_trl.demo.quickstart import PACKAGED_TEACHERS
-
-    task = get_task("wordset")
-    model = AutoModelForDiffusionLM.from_pretrained(str(PACKAGED_TEACHERS / "wordset")).eval()
+    task, model, rows, tokenizer, prompts = _packaged("wordset", 12)
     assert (model.diffusion_config.attention, model.diffusion_config.block_size) == ("block_causal", 4)
-    rows = task.sample(12, seed=12345)
-    tokenizer = task.tokenizer()
-    prompts = torch.tensor(tokenizer([r["prompt"] for r in rows], add_special_tokens=False)["input_ids"])
 
     def decode(**settings):
         config = task.generation_config(1, stop_at_eos=False, **settings)
@@ -324,16 +324,10 @@ def test_packaged_wordset_teacher_writes_valid_orders_and_samples_other_ones_at_
 
 
 def test_packaged_bidirectional_wordsort_teacher_decodes_in_blocks_of_four_with_every_cache():
-    from t3d_trl.demo.quickstart import PACKAGED_TEACHERS
-
-    task = get_task("wordsort_bidirectional")
+    task, model, rows, tokenizer, prompts = _packaged("wordsort_bidirectional", 16)
     assert (task.attention, task.block_length) == ("bidirectional", 4)
-    model = AutoModelForDiffusionLM.from_pretrained(str(PACKAGED_TEACHERS / task.name)).eval()
     assert model.diffusion_config.attention == "bidirectional"
     assert model.diffusion_generation_config.block_length == 4  # eight blocks per answer
-    rows = task.sample(16, seed=12345)
-    tokenizer = task.tokenizer()
-    prompts = torch.tensor(tokenizer([r["prompt"] for r in rows], add_special_tokens=False)["input_ids"])
     for cache in ("none", "prefix", "dual"):
         config = task.generation_config(1, stop_at_eos=False, cache=cache)
         completions = tokenizer.batch_decode(

@@ -250,9 +250,12 @@ class WordSort(DemoTask):
     def _draw_prompt(self, rng: random.Random) -> list[str]:
         return rng.sample(self.vocabulary, 8)
 
-    def _valid_answers(self, prompt: list[str]) -> list[tuple[str, ...]]:
+    def _check(self, prompt: list[str]) -> None:
         if any(word not in self.vocabulary for word in prompt) or len(set(prompt)) != len(prompt):
-            raise ValueError(f"{' '.join(prompt)!r} is not a wordsort prompt: expected 8 distinct words")
+            raise ValueError(f"{' '.join(prompt)!r} is not a {self.name} prompt: expected 8 distinct words")
+
+    def _valid_answers(self, prompt: list[str]) -> list[tuple[str, ...]]:
+        self._check(prompt)
         ascending = sorted(prompt)
         return [tuple("".join(ascending)), tuple("".join(ascending[::-1]))]
 
@@ -265,8 +268,7 @@ class WordOrder(WordSort):
     )
 
     def _valid_answers(self, prompt: list[str]) -> list[tuple[str, ...]]:
-        if any(word not in self.vocabulary for word in prompt) or len(set(prompt)) != len(prompt):
-            raise ValueError(f"{' '.join(prompt)!r} is not a wordorder prompt: expected 8 distinct words")
+        self._check(prompt)
         return [tuple("".join(prompt)), tuple("".join(prompt[::-1]))]
 
 
@@ -280,10 +282,6 @@ class WordSet(WordSort):
     def _valid_answers(self, prompt: list[str]) -> list[tuple[str, ...]]:
         self._check(prompt)
         return [tuple("".join(order)) for order in itertools.permutations(prompt)]
-
-    def _check(self, prompt: list[str]) -> None:
-        if any(word not in self.vocabulary for word in prompt) or len(set(prompt)) != len(prompt):
-            raise ValueError(f"{' '.join(prompt)!r} is not a wordset prompt: expected 8 distinct words")
 
     def is_valid(self, prompt: str, completion: str) -> bool:
         """Valid when the letters spell the prompt's 8 words, each once, in any order (no list of 40,320)."""
