@@ -6,7 +6,7 @@ Pipeline (every stage is the library's public code path):
    ``examples/train_demo_teacher.py`` with ``T3DTrainer(loss_type="mdlm")``), a saved one, or trained here.
 2. **Trajectories.** ``collect_trajectories``: the teacher decodes the training prompts one token per step
    (greedy, low-confidence remasking) and records the step at which each token was unmasked.
-3. **Distillation.** ``T3DTrainer`` with ``loss_type`` ``t3d`` and the baselines (``td``, ``redi``, optionally
+3. **Distillation.** ``T3DTrainer`` with ``loss_type`` ``t3d`` and the baselines (``td``, ``redi``,
    ``dparallel``), each from a fresh copy of the teacher, with the same number of optimizer steps and batch.
 4. **Evaluation.** ``run_grid`` over held-out prompts: static TokPS 1, 2 and 4 and dynamic decoding.
 5. **Analysis.** ``total_correlation`` (the factorization error) of the teacher and the students on the
@@ -48,7 +48,8 @@ class QuickstartConfig:
     output_dir: str = field(default="t3d-quickstart", metadata={"help": "Where models, data and results go."})
     seed: int = field(default=0, metadata={"help": "Seed of data, training and decoding."})
     methods: list[str] = field(
-        default_factory=lambda: ["t3d", "td", "redi"],
+        # dParallel: the best baseline of the converged method study (docs/method_study.md); ReDi: the best here.
+        default_factory=lambda: ["t3d", "td", "redi", "dparallel"],
         metadata={"help": f"Distillation methods, from {list(METHODS)}."},
     )
     teacher: str | None = field(
