@@ -42,7 +42,7 @@ def _values(*specs: ColumnSpec) -> list:
 
 def test_decode_page_streams_each_column_and_names_bad_input():
     registry = ModelRegistry(default_models())
-    assert registry.names == ["sort2", "wordsort", "wordsort_bidirectional"]
+    assert registry.names == ["sort2", "wordset", "wordsort", "wordsort_bidirectional"]
     teacher, student, dynamic = default_columns(registry.names)
     assert (teacher.tokens_per_step, student.tokens_per_step, dynamic.threshold) == (1, 4, 0.9)
     frames = list(decode_page(registry, PROMPT, True, 0, _values(teacher, student)))
