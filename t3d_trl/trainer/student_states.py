@@ -90,9 +90,10 @@ def teacher_rollout(
     the ones committed before it. The per-position argmax of a single forward is the mean-field factorisation
     the paper names as the few-step bottleneck: where the teacher's distribution has several modes (two
     answers), neighbouring positions can take their argmax from different modes and the labels spell neither.
-    The rollout's labels are always one completion the teacher itself would write from that state. Returns ``(tokens, forwards)``; ``tokens`` holds
-    the committed token at every ``todo`` position (other entries are 0). ``batch`` is not modified: the
-    rollout's tokens are labels, never the training input.
+    The rollout's labels are always one completion the teacher itself would write from that state.
+
+    Returns ``(tokens, forwards)``; ``tokens`` holds the committed token at every ``todo`` position (other
+    entries are 0). ``batch`` is not modified: the rollout's tokens are labels, never the training input.
     """
     keep = batch["keep"]
     state = dict(batch)
