@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from datasets import Dataset
+from datasets import Dataset, load_from_disk
 
 from t3d_trl import AutoModelForDiffusionLM
 from t3d_trl.demo.quickstart import (
@@ -175,6 +175,15 @@ def trajectories_dir(output: Path, seed: int, temperature: float) -> Path:
     return output / f"seed{seed}" / ("greedy" if temperature == 0 else f"temperature{temperature:g}")
 
 
+def load_trajectories(output: Path, seed: int, temperature: float) -> Dataset:
+    """Read back a collection that :func:`run` made. A reader holds the lock shared: ``collect`` on a finished
+    collection merges its shards and saves the dataset again, so reading must not overlap another process's
+    collection (workers calling ``collect`` themselves raced on the same save folder)."""
+    with open(output / ".collect.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_SH)
+        return load_from_disk(str(trajectories_dir(output, seed, temperature) / "trajectories"))
+
+
 # ------------------------------------------------------------------------------------------------ running
 _TEACHER: dict[str, torch.nn.Module] = {}  # per process: the teacher, loaded once
 
@@ -237,10 +246,8 @@ def _measure_job(job: Job, context: dict[str, Any], path: Path) -> dict[str, Any
         trainer = {k: v for k, v in job.settings.items() if k not in fields}
         if job.method == "mdlm":
             data = real_data(task, train_rows)
-        else:  # collected by the main process beforehand; this reads them back
-            data = collect(
-                teacher, task, train_rows, config, trajectories_dir(output, job.seed, job.temperature)
-            )
+        else:
+            data = load_trajectories(output, job.seed, job.temperature)
         checkpoints = [job.budget] if job.budget else context["checkpoints"]
 
         def at_checkpoint(model: torch.nn.Module, step: int) -> dict[str, Any]:
