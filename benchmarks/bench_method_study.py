@@ -23,11 +23,12 @@ per model (``<name>_steps<N/2>``, with ``--plateau_runs``).
 
 Every (seed, model) result is written to ``OUTPUT/results/seed<S>/<name>.json`` (``OUTPUT/tuning/...`` for the
 grid) as soon as it is measured and reused on a rerun, so a study resumes; ``--workers`` trains that many models
-at once (one process each). The last line printed is one JSON object with the means over ``--seeds``:
+at once (one single-threaded process each; by default one per core). The last line printed is one JSON object
+with the means over ``--seeds``:
 
-    python benchmarks/bench_method_study.py --seeds 0 1 2 --workers 2                   # wordsort
-    python benchmarks/bench_method_study.py --task wordset --seeds 0 1 2 --workers 2
-    python benchmarks/bench_method_study.py --tune --workers 2                         # the tuning seed
+    python benchmarks/bench_method_study.py --seeds 0 1 2                               # wordsort
+    python benchmarks/bench_method_study.py --task wordset --seeds 0 1 2
+    python benchmarks/bench_method_study.py --tune                                     # the tuning seed
     python benchmarks/bench_method_study.py --quick   # seconds: a smoke run of every stage on tiny budgets
 """
 
@@ -653,7 +654,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--tune_temperatures", type=float, nargs="+", default=list(TEMPERATURES))
     parser.add_argument("--ablation_seed", type=int, default=None, help="run the ablations on this seed")
     parser.add_argument("--summary_only", action="store_true", help="print the summary of results on disk")
-    parser.add_argument("--workers", type=int, default=1, help="models trained at once, one process each")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="models trained at once, one process each (default: one per available core)",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
     parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     parser.add_argument(
