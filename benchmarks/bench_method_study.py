@@ -35,6 +35,7 @@ with the means over ``--seeds``:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import fcntl
 import json
@@ -44,6 +45,7 @@ import statistics
 import tempfile
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -176,12 +178,19 @@ def trajectories_dir(output: Path, seed: int, temperature: float) -> Path:
     return output / f"seed{seed}" / ("greedy" if temperature == 0 else f"temperature{temperature:g}")
 
 
-def load_trajectories(output: Path, seed: int, temperature: float) -> Dataset:
-    """Read back a collection that :func:`run` made. A reader holds the lock shared: ``collect`` on a finished
-    collection merges its shards and saves the dataset again, so reading must not overlap another process's
+@contextlib.contextmanager
+def collection_lock(output: Path, shared: bool) -> Iterator[None]:
+    """The lock over ``output``'s collections: exclusive to collect, shared to read. ``collect`` on a finished
+    collection merges its shards and saves the dataset again, so a read must not overlap another process's
     collection (workers calling ``collect`` themselves raced on the same save folder)."""
-    with open(output / ".collect.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_SH)
+    with open(output / ".collect.lock", "w") as lock:  # closing the file releases the lock
+        fcntl.flock(lock, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+        yield
+
+
+def load_trajectories(output: Path, seed: int, temperature: float) -> Dataset:
+    """Read back a collection that :func:`run` made."""
+    with collection_lock(output, shared=True):
         return load_from_disk(str(trajectories_dir(output, seed, temperature) / "trajectories"))
 
 
@@ -307,15 +316,13 @@ def run(jobs: list[Job], context: dict[str, Any], workers: int) -> None:
         return
     task = get_task(context["task"])
     teacher = _teacher(context["teacher"], context["device"])
-    with open(output / ".collect.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with collection_lock(output, shared=False):
         for seed, temperature in dict.fromkeys(
             (j.seed, j.temperature) for j in todo if j.method != "teacher" and reads_teacher(j.method)
         ):
             config = dataclasses.replace(context["base"], seed=seed, trajectory_temperature=temperature)
             rows = split_rows(task, config)[0]
             collect(teacher, task, rows, config, trajectories_dir(output, seed, temperature))
-        fcntl.flock(lock, fcntl.LOCK_UN)
     if workers <= 1:
         failures = [_run_job((job, context)) for job in todo]
     else:
