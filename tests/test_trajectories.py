@@ -24,6 +24,7 @@ from t3d_trl import DiffusionGenerationConfig, TrajectoryMetadata, collect_traje
 from t3d_trl.data.hub import trajectory_card
 from t3d_trl.data.prompts import encode_prompts, render_prompt
 from t3d_trl.data.schema import METADATA_KEY, TRAJECTORY_COLUMNS
+from t3d_trl.data.shards import save_dataset
 from t3d_trl.data.trajectories import (
     PromptRow,
     batch_seed,
@@ -114,6 +115,22 @@ def test_a_truncated_dataset_file_is_named_and_a_rerun_rebuilds_it_from_the_shar
         bidirectional_model, tokenizer, run
     )  # the same call again: every shard is valid, nothing is decoded
     assert list(load_trajectories(str(run))["completion_ids"]) == expected
+
+
+def test_two_saves_into_one_collection_folder_do_not_collide(tmp_path, monkeypatch):
+    # Two processes finishing one collection each merge and save it; neither may delete the other's staging.
+    first, second = datasets.Dataset.from_dict({"x": [1, 2]}), datasets.Dataset.from_dict({"x": [3]})
+    save_to_disk = datasets.Dataset.save_to_disk
+
+    def save_while_another_saves(self, path, **kwargs):
+        save_to_disk(self, path, **kwargs)
+        if self is first:  # the other process saves between this save and its move into place
+            save_dataset(second, tmp_path)
+
+    monkeypatch.setattr(datasets.Dataset, "save_to_disk", save_while_another_saves)
+    save_dataset(first, tmp_path)
+    assert datasets.load_from_disk(str(tmp_path))["x"] == [1, 2]  # the last save to move in, whole
+    assert not list(tmp_path.glob(".saving*"))
 
 
 def test_card_renders_metadata_and_loads_back(tmp_path, tokenizer, bidirectional_model):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -219,10 +220,12 @@ def collection_summary(output_dir: str | os.PathLike) -> str:
 
 
 def save_dataset(dataset: datasets.Dataset, output_dir: Path) -> None:
-    # Save beside, then move into place: a dataset memory-mapped from an earlier save keeps its old files.
-    staging = output_dir / ".saving"
-    shutil.rmtree(staging, ignore_errors=True)
-    dataset.save_to_disk(str(staging))
-    for item in staging.iterdir():
-        os.replace(item, output_dir / item.name)
-    staging.rmdir()
+    # Save beside, then move into place: a dataset memory-mapped from an earlier save keeps its old files. The
+    # staging folder is this call's own, so two processes finishing one collection cannot delete each other's.
+    staging = Path(tempfile.mkdtemp(prefix=".saving-", dir=output_dir))
+    try:
+        dataset.save_to_disk(str(staging))
+        for item in staging.iterdir():
+            os.replace(item, output_dir / item.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
