@@ -24,7 +24,7 @@ from t3d_trl import DiffusionGenerationConfig, TrajectoryMetadata, collect_traje
 from t3d_trl.data.hub import trajectory_card
 from t3d_trl.data.prompts import encode_prompts, render_prompt
 from t3d_trl.data.schema import METADATA_KEY, TRAJECTORY_COLUMNS
-from t3d_trl.data.shards import save_dataset
+from t3d_trl.data.shards import save_dataset, write_summary
 from t3d_trl.data.trajectories import (
     PromptRow,
     batch_seed,
@@ -131,6 +131,23 @@ def test_two_saves_into_one_collection_folder_do_not_collide(tmp_path, monkeypat
     save_dataset(first, tmp_path)
     assert datasets.load_from_disk(str(tmp_path))["x"] == [1, 2]  # the last save to move in, whole
     assert not list(tmp_path.glob(".saving*"))
+
+
+def test_two_processes_writing_one_collection_summary_do_not_collide(tmp_path, monkeypatch):
+    (tmp_path / "collection.json").write_text("{}")
+    replace, getpid = os.replace, os.getpid
+
+    def replace_after_another_process_writes(src, dst):
+        if os.getpid() == getpid():  # the other process writes its summary between this write and its move
+            monkeypatch.setattr(os, "getpid", lambda: getpid() + 1)
+            write_summary(tmp_path, {"rows": 2})
+            monkeypatch.setattr(os, "getpid", getpid)
+        replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace_after_another_process_writes)
+    write_summary(tmp_path, {"rows": 1})
+    assert json.loads((tmp_path / "collection.json").read_text())["summary"] == {"rows": 1}
+    assert not list(tmp_path.glob(".*.tmp"))
 
 
 def test_card_renders_metadata_and_loads_back(tmp_path, tokenizer, bidirectional_model):

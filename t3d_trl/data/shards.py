@@ -193,7 +193,7 @@ def write_summary(output_dir: Path, summary: dict[str, Any]) -> None:
     path = output_dir / MANIFEST
     manifest = json.loads(path.read_text())
     manifest[SUMMARY_KEY] = summary
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # per process, as for shards: merges may overlap
     tmp.write_text(json.dumps(manifest, indent=2))
     os.replace(tmp, path)
 
