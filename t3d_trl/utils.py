@@ -59,6 +59,15 @@ def load_data_file(path: str | os.PathLike, split: str = "train") -> Any:
         raise ValueError(f"cannot read data file {str(path)!r} as {builder}: {cause}") from err
 
 
+def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
+    """Call ``write`` on a staging file beside ``path``, then move it into place: ``path`` is either complete or
+    untouched. The staging name ``.<name>.<pid>.tmp`` is per process, so that writers racing on one ``path`` never
+    move each other's staging file away (the last move wins)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
 def dataclass_from_dict(cls: type[T], data: dict[str, Any], what: str) -> T:
     """Build a config dataclass from a dict, refusing keys it does not know (named, with the known ones)."""
     known = {f.name for f in fields(cls)}

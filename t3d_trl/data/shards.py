@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..generation.configuration import DiffusionGenerationConfig
+from ..utils import write_atomically
 from .prompts import PromptRow
 from .schema import TrajectoryMetadata, row_problem
 
@@ -46,9 +47,7 @@ def shard_features(dataset: datasets.Dataset, keep: Sequence[str]) -> datasets.F
 
 def write_shard(path: Path, rows: list[dict[str, Any]], features: datasets.Features) -> None:
     table = pa.Table.from_pylist([features.encode_example(r) for r in rows], schema=features.arrow_schema)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)  # atomic: a shard is either complete or absent
+    write_atomically(path, lambda tmp: pq.write_table(table, tmp))  # a shard is either complete or absent
 
 
 def shard_path(output_dir: Path, batch_index: int) -> Path:
@@ -193,9 +192,7 @@ def write_summary(output_dir: Path, summary: dict[str, Any]) -> None:
     path = output_dir / MANIFEST
     manifest = json.loads(path.read_text())
     manifest[SUMMARY_KEY] = summary
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # per process, as for shards: merges may overlap
-    tmp.write_text(json.dumps(manifest, indent=2))
-    os.replace(tmp, path)
+    write_atomically(path, lambda tmp: tmp.write_text(json.dumps(manifest, indent=2)))  # merges may overlap
 
 
 def collection_summary(output_dir: str | os.PathLike) -> str:

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..utils import write_atomically
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["GridResult", "model_fingerprint"]
@@ -98,11 +100,9 @@ def read_results(output: Path) -> GridResult | None:
 
 
 def write_results(output: Path, grid: GridResult) -> None:
-    # Written beside, then moved into place: a crash mid-write never leaves a truncated results.json.
+    # A crash mid-write never leaves a truncated results.json.
     output.mkdir(parents=True, exist_ok=True)
-    tmp = output / f".{RESULTS_FILE}.tmp"
-    tmp.write_text(json.dumps(grid.to_dict(), indent=2))
-    os.replace(tmp, output / RESULTS_FILE)
+    write_atomically(output / RESULTS_FILE, lambda tmp: tmp.write_text(json.dumps(grid.to_dict(), indent=2)))
 
 
 def merge_settings(earlier: GridResult, current: GridResult) -> GridResult:
