@@ -8,7 +8,9 @@ SAME optimizer steps, and is evaluated on held-out prompts at TokPS 1, 2 and 4 a
 (threshold 0.9) at every checkpoint of ``--checkpoints`` along ONE run (no retraining per point, the run's later
 steps unchanged by the evaluations: :class:`t3d_trl.trainer.EvaluateAtSteps`). Along one cosine run the last
 doubling also anneals the learning rate, so the plateau rule is tested with a second, whole run of half the budget
-per model (``<name>_steps<N/2>``, with ``--plateau_runs``).
+per model (``<name>_steps<N/2>``, with ``--plateau_runs``); every ``<name>_steps<K>`` run on disk (for example the
+whole runs of an earlier, shorter study, copied in) is a point of the whole-run learning curve
+(``whole_runs_<task>.png`` beside the along-run ``curves_<task>.png``).
 
 * Main comparison (``--seeds``): the teacher; ``t3d`` in the recommended setting (``RECOMMENDED``);
   ``t3d_paper`` (the paper's settings); ``ddo``, ``td``, ``redi``, ``dparallel``; ``mdlm`` (SFT on the task's real
@@ -475,7 +477,16 @@ def choose(output: Path, seed: int, objectives: list[str], rates, temperatures) 
     return choice
 
 
-def plot_curves(output: Path, rows: dict[str, list[dict]], task: str, seeds: list[int]) -> None:
+def plot_curves(
+    path: Path,
+    teacher: list[dict],
+    series: dict[str, dict[int, list[dict]]],
+    task: str,
+    seeds: list[int],
+    xlabel: str,
+) -> None:
+    """Accuracy against steps, one panel per budget: ``series`` maps a model to {steps: its evaluation per seed}
+    (each with ``tokps`` and ``dynamic``), the teacher is the dashed line."""
     try:
         import matplotlib
 
@@ -483,30 +494,45 @@ def plot_curves(output: Path, rows: dict[str, list[dict]], task: str, seeds: lis
         import matplotlib.pyplot as plt
     except ImportError:  # plots are optional (matplotlib is in the dev/analysis extras)
         return
+
+    def value(r: dict, key: str | None) -> float:
+        return r["tokps"][key] if key else r["dynamic"]
+
     panels = [("TokPS 1", "1"), ("TokPS 2", "2"), ("TokPS 4", "4"), ("dynamic 0.9", None)]
     fig, axes = plt.subplots(1, 4, figsize=(16, 4), sharex=True)
     for ax, (title, key) in zip(axes, panels):
-        for name, results in rows.items():
-            if name == "teacher":
-                values = [r["tokps"][key] if key else r["dynamic"] for r in results]
-                ax.axhline(statistics.fmean(values), color="black", linestyle="--", label="teacher")
-                continue
-            steps = sorted(int(s) for s in results[0]["curve"])
-            curve = [
-                [r["curve"][str(s)]["tokps"][key] if key else r["curve"][str(s)]["dynamic"] for r in results]
-                for s in steps
-            ]
+        ax.axhline(
+            statistics.fmean(value(r, key) for r in teacher), color="black", linestyle="--", label="teacher"
+        )
+        for name, points in series.items():
+            steps = sorted(points)
+            curve = [[value(r, key) for r in points[s]] for s in steps]
             means = [statistics.fmean(c) for c in curve]
             stds = [mean_std(c)[1] for c in curve]
             ax.errorbar(steps, means, yerr=stds, marker="o", markersize=3, capsize=2, label=name)
         ax.set_xscale("log", base=2)
+        ticks = sorted({s for points in series.values() for s in points})
+        ax.set_xticks(ticks, [str(s) for s in ticks], fontsize=7)
         ax.set_title(f"{task}: {title}")
-        ax.set_xlabel("optimizer steps")
+        ax.set_xlabel(xlabel)
     axes[0].set_ylabel(f"exact match (%), mean ± std over seeds {seeds}")
     axes[-1].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(output / f"curves_{task}.png", dpi=110)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def whole_runs(output: Path, seeds: list[int], name: str, main: list[dict]) -> dict[int, list[dict]]:
+    """Every budget at which ``name`` has a whole run (its own schedule) on every seed: the main runs and the
+    ``<name>_steps<K>`` runs on disk (from ``--plateau_runs``, or copied in from the study of that budget)."""
+    runs = {main[0]["steps"]: main}
+    for path in sorted((output / f"results/seed{seeds[0]}").glob(f"{name}_steps*.json")):
+        budget = path.stem.removeprefix(f"{name}_steps")
+        if budget.isdigit():
+            found = [load(output, f"results/seed{s}", path.stem) for s in seeds]
+            if all(found):
+                runs[int(budget)] = found
+    return dict(sorted(runs.items()))
 
 
 def summarise(output: Path, seeds: list[int], variants: list[str], task: str, ablation_seed: int | None):
@@ -553,20 +579,38 @@ def summarise(output: Path, seeds: list[int], variants: list[str], task: str, ab
         + f" | last doubling along the run | whole runs of {half} -> {steps[-1] if steps else ''} steps |",
         "|---|" + "---|" * (len(steps) + 2),
     ]
+    whole = {n: whole_runs(output, seeds, n, rows[n]) for n in students}
     gains, along = {}, {}
     for name in students:
         means = [statistics.fmean(r["curve"][str(s)]["tokps"]["4"] for r in rows[name]) for s in steps]
         along[name] = round(means[-1] - means[-2], 2) if len(means) > 1 else None
-        halves = [load(output, f"results/seed{s}", f"{name}_steps{half}") for s in seeds]
-        if all(
-            halves
-        ):  # the plateau rule's doubling: whole runs of N/2 and N steps, each with its own schedule
-            gains[name] = round(m(name, "4") - statistics.fmean(r["tokps"]["4"] for r in halves), 2)
+        if (
+            half in whole[name]
+        ):  # the plateau rule's doubling: whole runs of N/2 and N steps, each its own schedule
+            gains[name] = round(
+                m(name, "4") - statistics.fmean(r["tokps"]["4"] for r in whole[name][half]), 2
+            )
         cells = [f"{v:.1f}" for v in means]
         cells.append(f"{along[name]:+.1f}" if along[name] is not None else "")
         cells.append(f"{gains[name]:+.1f}" if name in gains else "not run")
         curve_lines.append("| " + " | ".join([name, *cells]) + " |")
-    plot_curves(output, rows, task, seeds)
+    along_run = {n: {s: [r["curve"][str(s)] for r in rows[n]] for s in steps} for n in students}
+    plot_curves(output / f"curves_{task}.png", rows["teacher"], along_run, task, seeds, "optimizer steps")
+    budgets = sorted({k for runs in whole.values() for k in runs})
+    whole_lines = [
+        "| model | " + " | ".join(f"{k} steps" for k in budgets) + " |",
+        "|---|" + "---|" * len(budgets),
+    ]
+    for name in students:
+        cells = [
+            f"{statistics.fmean(r['tokps']['4'] for r in whole[name][k]):.1f}" if k in whole[name] else ""
+            for k in budgets
+        ]
+        whole_lines.append("| " + " | ".join([name, *cells]) + " |")
+    if len(budgets) > 1:  # the learning curve of the plateau rule: each point a run with its own schedule
+        plot_curves(
+            output / f"whole_runs_{task}.png", rows["teacher"], whole, task, seeds, "steps of the whole run"
+        )
 
     ablation_lines = []
     if ablation_seed is not None:
@@ -615,6 +659,13 @@ def summarise(output: Path, seeds: list[int], variants: list[str], task: str, ab
         if gains and len(gains) == len(students)
         else None,
         "plateau_gain_whole_runs_by_model": gains,
+        "whole_runs_tokps4": {
+            n: {
+                str(k): round(statistics.fmean(r["tokps"]["4"] for r in runs), 2)
+                for k, runs in whole[n].items()
+            }
+            for n in students
+        },
         "best_objective_tokps4": best_student,
         "best_student_tokps4_minus_teacher_tokps1": round(m(best_student, "4") - m("teacher", "1"), 2)
         if best_student
@@ -633,6 +684,9 @@ def summarise(output: Path, seeds: list[int], variants: list[str], task: str, ab
         "seeds": seeds,
     }
     text = "\n".join(lines) + "\n\nTokPS 4 along the run (mean over seeds):\n\n" + "\n".join(curve_lines)
+    text += "\n\nTokPS 4 of whole runs, each with its own schedule (mean over seeds):\n\n" + "\n".join(
+        whole_lines
+    )
     (output / f"summary_{task}.md").write_text(text + "\n\n" + "\n".join(ablation_lines) + "\n")
     (output / f"summary_{task}.json").write_text(json.dumps(summary, indent=2))
     print(text)

@@ -249,6 +249,14 @@ def _method_study_targets(result: dict) -> None:
     for key in ("plateau_gain", "plateau_gain_whole_runs"):
         assert set(result[f"{key}_by_model"]) == students
         assert result[f"{key}_tokps4"] == max(result[f"{key}_by_model"].values())
+    # The whole-run learning curve: every student's TokPS 4 at each budget it has a whole run of (1 and 2 steps),
+    # whose last doubling is the plateau rule's gain.
+    whole = result["whole_runs_tokps4"]
+    assert set(whole) == students and all(set(runs) == {"1", "2"} for runs in whole.values())
+    for name, runs in whole.items():
+        assert runs["2"] - runs["1"] == pytest.approx(
+            result["plateau_gain_whole_runs_by_model"][name], abs=0.011
+        )
     assert result["best_objective_tokps4"] in students
     assert set(result["full_step_minus_teacher"]) == students
     assert result["full_step_minus_teacher"]["t3d"] == result["t3d_full_step_minus_teacher"]
