@@ -528,7 +528,7 @@ def whole_runs(output: Path, seeds: list[int], name: str, main: list[dict]) -> d
     runs = {main[0]["steps"]: main}
     for path in sorted((output / f"results/seed{seeds[0]}").glob(f"{name}_steps*.json")):
         budget = path.stem.removeprefix(f"{name}_steps")
-        if budget.isdigit():
+        if budget.isdigit() and int(budget) not in runs:  # the main run is the run of its own budget
             found = [load(output, f"results/seed{s}", path.stem) for s in seeds]
             if all(found):
                 runs[int(budget)] = found
@@ -580,16 +580,17 @@ def summarise(output: Path, seeds: list[int], variants: list[str], task: str, ab
         "|---|" + "---|" * (len(steps) + 2),
     ]
     whole = {n: whole_runs(output, seeds, n, rows[n]) for n in students}
+    whole_tokps4 = {
+        n: {k: statistics.fmean(r["tokps"]["4"] for r in runs) for k, runs in whole[n].items()}
+        for n in students
+    }
     gains, along = {}, {}
     for name in students:
         means = [statistics.fmean(r["curve"][str(s)]["tokps"]["4"] for r in rows[name]) for s in steps]
         along[name] = round(means[-1] - means[-2], 2) if len(means) > 1 else None
-        if (
-            half in whole[name]
-        ):  # the plateau rule's doubling: whole runs of N/2 and N steps, each its own schedule
-            gains[name] = round(
-                m(name, "4") - statistics.fmean(r["tokps"]["4"] for r in whole[name][half]), 2
-            )
+        # the plateau rule's doubling: whole runs of N/2 and N steps, each with its own schedule
+        if half in whole_tokps4[name]:
+            gains[name] = round(whole_tokps4[name][steps[-1]] - whole_tokps4[name][half], 2)
         cells = [f"{v:.1f}" for v in means]
         cells.append(f"{along[name]:+.1f}" if along[name] is not None else "")
         cells.append(f"{gains[name]:+.1f}" if name in gains else "not run")
@@ -602,10 +603,7 @@ def summarise(output: Path, seeds: list[int], variants: list[str], task: str, ab
         "|---|" + "---|" * len(budgets),
     ]
     for name in students:
-        cells = [
-            f"{statistics.fmean(r['tokps']['4'] for r in whole[name][k]):.1f}" if k in whole[name] else ""
-            for k in budgets
-        ]
+        cells = [f"{whole_tokps4[name][k]:.1f}" if k in whole_tokps4[name] else "" for k in budgets]
         whole_lines.append("| " + " | ".join([name, *cells]) + " |")
     if len(budgets) > 1:  # the learning curve of the plateau rule: each point a run with its own schedule
         plot_curves(
@@ -659,13 +657,7 @@ def summarise(output: Path, seeds: list[int], variants: list[str], task: str, ab
         if gains and len(gains) == len(students)
         else None,
         "plateau_gain_whole_runs_by_model": gains,
-        "whole_runs_tokps4": {
-            n: {
-                str(k): round(statistics.fmean(r["tokps"]["4"] for r in runs), 2)
-                for k, runs in whole[n].items()
-            }
-            for n in students
-        },
+        "whole_runs_tokps4": {n: {str(k): round(v, 2) for k, v in whole_tokps4[n].items()} for n in students},
         "best_objective_tokps4": best_student,
         "best_student_tokps4_minus_teacher_tokps1": round(m(best_student, "4") - m("teacher", "1"), 2)
         if best_student
