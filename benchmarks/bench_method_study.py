@@ -24,9 +24,10 @@ whole runs of an earlier, shorter study, copied in) is a point of the whole-run 
 * Ablations (``--ablation_seed``): one setting of the recommended T3D changed at a time.
 
 Every (seed, model) result is written to ``OUTPUT/results/seed<S>/<name>.json`` (``OUTPUT/tuning/...`` for the
-grid) as soon as it is measured and reused on a rerun, so a study resumes; ``--workers`` trains that many models
-at once (one single-threaded process each; by default one per core). The last line printed is one JSON object
-with the means over ``--seeds``:
+grid) as soon as it is measured and reused on a rerun, so a study resumes (a rerun asking for another rate,
+temperature, number of trajectories, batch size or checkpoints stops and names the results that differ, rather
+than mixing them into its means); ``--workers`` trains that many models at once (one single-threaded process
+each; by default one per core). The last line printed is one JSON object with the means over ``--seeds``:
 
     python benchmarks/bench_method_study.py --seeds 0 1 2                               # wordsort
     python benchmarks/bench_method_study.py --task wordset --seeds 0 1 2
@@ -271,6 +272,7 @@ def _measure_job(job: Job, context: dict[str, Any], path: Path) -> dict[str, Any
             evaluate({job.name: teacher}, task, eval_rows, config, work, progress=False), job.name
         )
     else:
+        result |= {"num_trajectories": config.num_trajectories, "batch_size": config.batch_size}
         fields = {f.name for f in dataclasses.fields(QuickstartConfig)}
         demo = {k: v for k, v in job.settings.items() if k in fields}
         trainer = {k: v for k, v in job.settings.items() if k not in fields}
@@ -315,6 +317,30 @@ def _measure_job(job: Job, context: dict[str, Any], path: Path) -> dict[str, Any
     return result
 
 
+def mismatches(job: Job, context: dict[str, Any]) -> list[str]:
+    """How the result on disk for ``job`` was measured differently from what this command asks (empty when it
+    matches or is not there): reusing it would silently mix budgets. Fields an older result lacks are not checked."""
+    path = job.path(Path(context["output"]))
+    if not path.exists() or job.method == "teacher":
+        return []
+    found = json.loads(path.read_text())
+    checkpoints = [job.budget] if job.budget else context["checkpoints"]
+    asked = {
+        "learning_rate": job.learning_rate,
+        "trajectory_temperature": job.temperature if reads_teacher(job.method) else None,
+        "num_trajectories": context["base"].num_trajectories,
+        "batch_size": context["base"].batch_size,
+        "checkpoints": checkpoints,
+    }
+    if "curve" in found:
+        found["checkpoints"] = sorted(int(step) for step in found["curve"])
+    return [
+        f"{key} {found[key]} (asked {value})"
+        for key, value in asked.items()
+        if found.get(key, value) != value
+    ]
+
+
 def _run_job(args: tuple[Job, dict[str, Any]]) -> str | None:
     """A pool worker's job: the traceback of a failure is returned (and printed), not raised, so that one
     failing model does not stop the others."""
@@ -331,6 +357,17 @@ def run(jobs: list[Job], context: dict[str, Any], workers: int) -> None:
     """Run every job not yet on disk, ``workers`` at a time; the trajectories are collected here first (under a
     lock, so that processes sharing the output folder collect each set once)."""
     output = Path(context["output"])
+    stale = [
+        f"  {job.folder}/{job.name}.json: {', '.join(diff)}"
+        for job in jobs
+        if (diff := mismatches(job, context))
+    ]
+    if stale:
+        raise SystemExit(
+            "results in --output_dir were measured with other settings than this command asks for:\n"
+            + "\n".join(stale)
+            + "\nuse another --output_dir, or delete those files to measure them again"
+        )
     todo = [job for job in jobs if not job.path(output).exists()]
     if not todo:
         return
@@ -648,6 +685,9 @@ def summarise(output: Path, seeds: list[int], variants: list[str], task: str, ab
                 if rows[n][0]["trajectory_temperature"] is not None
             ),
             None,
+        ),
+        "num_trajectories": next(
+            (rows[n][0]["num_trajectories"] for n in students if "num_trajectories" in rows[n][0]), None
         ),
         # the last doubling along the one (cosine) run: more steps AND the annealing of the learning rate
         "plateau_gain_tokps4": max(valid_along) if valid_along else None,

@@ -3,6 +3,8 @@ scripts under benchmarks/, each run with ``--quick``."""
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 import json
 import logging
 import os
@@ -244,6 +246,7 @@ def _method_study_targets(result: dict) -> None:
     assert set(result["learning_rates"]) == students
     assert all(isinstance(rate, float) and 0 < rate < 1 for rate in result["learning_rates"].values())
     assert isinstance(result["trajectory_temperature"], float) and result["trajectory_temperature"] >= 0
+    assert result["num_trajectories"] == result["budget"]["num_trajectories"] == 16  # recorded by every result
     # The plateau gain is the largest last-doubling gain at TokPS 4 over every student, along the run and (--quick
     # runs --plateau_runs) between whole runs of 1 and 2 steps.
     for key in ("plateau_gain", "plateau_gain_whole_runs"):
@@ -341,3 +344,45 @@ def test_throughput_benchmark_compile_runs_on_the_cpu():
     ]
     assert all(row["compile_s"] > 0 and row["peak_memory_gb"] is None for row in result["rows"])
     assert "compiled tok/s" in printed
+
+
+def test_method_study_refuses_results_measured_with_other_settings(tmp_path, monkeypatch):
+    # A rerun into the same --output_dir reuses the results on disk; one asking for another budget must stop and
+    # name them, not mix them into its means.
+    spec = importlib.util.spec_from_file_location(
+        "bench_method_study", REPO / "benchmarks" / "bench_method_study.py"
+    )
+    study = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_method_study", study)  # its dataclasses resolve their module
+    spec.loader.exec_module(study)
+    base = study.QuickstartConfig(task="wordsort", num_trajectories=2000, batch_size=32)
+    context = {"output": str(tmp_path), "base": base, "checkpoints": [480, 960]}
+    teacher, t3d = study.main_jobs(["teacher", "t3d"], [0], study.TUNED["wordsort"], None, None)
+    measured = {
+        "learning_rate": t3d.learning_rate,
+        "trajectory_temperature": t3d.temperature,
+        "num_trajectories": 2000,
+        "batch_size": 32,
+        "curve": {"480": {}, "960": {}},
+    }
+    t3d.path(tmp_path).parent.mkdir(parents=True)
+    t3d.path(tmp_path).write_text(json.dumps(measured))
+    teacher.path(tmp_path).write_text(json.dumps({"learning_rate": 0.0}))  # a teacher has no training budget
+    assert study.mismatches(t3d, context) == [] and study.mismatches(teacher, context) == []
+    longer = {
+        **context,
+        "base": dataclasses.replace(base, num_trajectories=32000),
+        "checkpoints": [960, 1920],
+    }
+    assert study.mismatches(t3d, longer) == [
+        "num_trajectories 2000 (asked 32000)",
+        "checkpoints [480, 960] (asked [960, 1920])",
+    ]
+    other_rate = study.main_jobs(["t3d"], [0], study.TUNED["wordsort"], 1e-4, None)[0]
+    assert study.mismatches(other_rate, context) == [f"learning_rate {t3d.learning_rate} (asked 0.0001)"]
+    with pytest.raises(SystemExit, match=r"results/seed0/t3d\.json: num_trajectories 2000 \(asked 32000\)"):
+        study.run([teacher, t3d], longer, workers=1)
+    # Results written before a field was recorded are not held to it.
+    del measured["num_trajectories"]
+    t3d.path(tmp_path).write_text(json.dumps(measured))
+    assert study.mismatches(t3d, {**longer, "checkpoints": [480, 960]}) == []
