@@ -246,7 +246,8 @@ def _method_study_targets(result: dict) -> None:
     assert set(result["learning_rates"]) == students
     assert all(isinstance(rate, float) and 0 < rate < 1 for rate in result["learning_rates"].values())
     assert isinstance(result["trajectory_temperature"], float) and result["trajectory_temperature"] >= 0
-    assert result["num_trajectories"] == result["budget"]["num_trajectories"] == 16  # recorded by every result
+    # Every trained result records the number of trajectories it was trained on.
+    assert result["num_trajectories"] == result["budget"]["num_trajectories"] == 16
     # The plateau gain is the largest last-doubling gain at TokPS 4 over every student, along the run and (--quick
     # runs --plateau_runs) between whole runs of 1 and 2 steps.
     for key in ("plateau_gain", "plateau_gain_whole_runs"):
