@@ -156,6 +156,10 @@ class Job:
     def path(self, output: Path) -> Path:
         return output / self.folder / f"{self.name}.json"
 
+    def checkpoints(self, context: dict[str, Any]) -> list[int]:
+        """The steps its run is evaluated at: its own budget for a whole run, else the study's checkpoints."""
+        return [self.budget] if self.budget else context["checkpoints"]
+
 
 def objective_of(name: str) -> str:
     """The tuned objective a variant extends (``t3d_rollout`` -> ``t3d``)."""
@@ -178,6 +182,17 @@ def real_data(task, rows: list[dict]) -> Dataset:
             for r in rows
         ]
     )
+
+
+def recorded_settings(job: Job, base: QuickstartConfig) -> dict[str, Any]:
+    """How ``job`` is measured, as its result records it; a rerun reuses a trained result only where they match."""
+    settings = {
+        "learning_rate": job.learning_rate,
+        "trajectory_temperature": job.temperature if reads_teacher(job.method) else None,
+    }
+    if job.method != "teacher":
+        settings |= {"num_trajectories": base.num_trajectories, "batch_size": base.batch_size}
+    return settings
 
 
 def measure(grid, name: str) -> dict[str, Any]:
@@ -262,8 +277,7 @@ def _measure_job(job: Job, context: dict[str, Any], path: Path) -> dict[str, Any
         "loss_type": job.method,
         "settings": job.settings,
         "seed": job.seed,
-        "learning_rate": job.learning_rate,
-        "trajectory_temperature": job.temperature if reads_teacher(job.method) else None,
+        **recorded_settings(job, config),
         "num_eval": len(eval_rows),
     }
     if job.method == "teacher":
@@ -272,7 +286,6 @@ def _measure_job(job: Job, context: dict[str, Any], path: Path) -> dict[str, Any
             evaluate({job.name: teacher}, task, eval_rows, config, work, progress=False), job.name
         )
     else:
-        result |= {"num_trajectories": config.num_trajectories, "batch_size": config.batch_size}
         fields = {f.name for f in dataclasses.fields(QuickstartConfig)}
         demo = {k: v for k, v in job.settings.items() if k in fields}
         trainer = {k: v for k, v in job.settings.items() if k not in fields}
@@ -280,7 +293,7 @@ def _measure_job(job: Job, context: dict[str, Any], path: Path) -> dict[str, Any
             data = real_data(task, train_rows)
         else:
             data = load_trajectories(output, job.seed, job.temperature)
-        checkpoints = [job.budget] if job.budget else context["checkpoints"]
+        checkpoints = job.checkpoints(context)
 
         def at_checkpoint(model: torch.nn.Module, step: int) -> dict[str, Any]:
             folder = work / f"step{step}"
@@ -324,14 +337,7 @@ def mismatches(job: Job, context: dict[str, Any]) -> list[str]:
     if not path.exists() or job.method == "teacher":
         return []
     found = json.loads(path.read_text())
-    checkpoints = [job.budget] if job.budget else context["checkpoints"]
-    asked = {
-        "learning_rate": job.learning_rate,
-        "trajectory_temperature": job.temperature if reads_teacher(job.method) else None,
-        "num_trajectories": context["base"].num_trajectories,
-        "batch_size": context["base"].batch_size,
-        "checkpoints": checkpoints,
-    }
+    asked = {**recorded_settings(job, context["base"]), "checkpoints": job.checkpoints(context)}
     if "curve" in found:
         found["checkpoints"] = sorted(int(step) for step in found["curve"])
     return [
