@@ -20,7 +20,9 @@ whole runs of an earlier, shorter study, copied in) is a point of the whole-run 
   (``TUNED``); ``--learning_rate`` / ``--trajectory_temperature`` override them.
 * Tuning (``--tune``, on ``--tuning_seed``, which no reported mean uses): every objective at every learning rate
   of ``--tune_learning_rates`` and every trajectory temperature of ``--tune_temperatures``; prints the choice by
-  the rule fixed in docs/method_study.md (highest mean of TokPS 2 and 4 at the last checkpoint).
+  the rule fixed in docs/method_study.md (highest mean of TokPS 2 and 4 at the last checkpoint), made over every
+  tuning result of that seed in ``--output_dir`` measured at the same budget, so a later run of more rates extends
+  the grid.
 * Ablations (``--ablation_seed``): one setting of the recommended T3D changed at a time.
 
 Every (seed, model) result is written to ``OUTPUT/results/seed<S>/<name>.json`` (``OUTPUT/tuning/...`` for the
@@ -458,33 +460,57 @@ def score(result: dict[str, Any]) -> float:
     return (result["tokps"]["2"] + result["tokps"]["4"]) / 2
 
 
-def choose(output: Path, seed: int, objectives: list[str], rates, temperatures) -> dict[str, Any]:
-    """The tuning table and the choice: the temperature whose best-rate scores are highest on average over the
-    objectives that read the teacher, then each objective's best rate at that temperature."""
-    folder = f"tuning/seed{seed}"
-    teacher = load(output, folder, "teacher")
-    rows, table = {}, []
-    for name in objectives:
-        for temperature in temperatures if reads_teacher(OBJECTIVES[name][0]) else [0.0]:
-            for rate in rates:
-                result = load(output, folder, f"{name}_lr{rate:g}_T{temperature:g}")
-                if result is not None:
-                    rows[(name, rate, temperature)] = result
+def tuning_results(output: Path, seed: int, context: dict[str, Any]) -> dict[tuple[str, float, float], Any]:
+    """Every tuning result of ``seed`` on disk that was measured as this command measures (the same number of steps,
+    trajectories and batch size): (objective, learning rate, temperature) -> result. The choice reads all of them,
+    so a run of part of the grid (more rates, another objective) extends the earlier choice instead of replacing
+    it with a choice over its own part."""
+    base, steps = context["base"], max(context["checkpoints"])
+    rows = {}
+    for path in sorted((output / f"tuning/seed{seed}").glob("*_lr*_T*.json")):
+        result = json.loads(path.read_text())
+        name = path.stem.rsplit("_lr", 1)[0]
+        if name not in OBJECTIVES or result["steps"] != steps:
+            continue
+        if any(
+            result.get(key, value) != value
+            for key, value in (("num_trajectories", base.num_trajectories), ("batch_size", base.batch_size))
+        ):
+            continue
+        rows[(name, result["learning_rate"], result["trajectory_temperature"] or 0.0)] = result
+    order = list(OBJECTIVES)
+    return dict(sorted(rows.items(), key=lambda row: (order.index(row[0][0]), row[0][2], -row[0][1])))
 
-    def best_rate(name: str, temperature: float) -> float | None:
-        found = [(score(r), rate) for (n, rate, t), r in rows.items() if n == name and t == temperature]
+
+def choose(output: Path, seed: int, context: dict[str, Any]) -> dict[str, Any]:
+    """The tuning table and the choice, over every comparable tuning result on disk (``tuning_results``): the
+    temperature whose best-rate scores, among the rates measured at every temperature, are highest on average over
+    the objectives that read the teacher (of the temperatures measured for all of them), then each objective's best
+    rate at that temperature, among all the rates measured there."""
+    teacher = load(output, f"tuning/seed{seed}", "teacher")
+    rows = tuning_results(output, seed, context)
+    objectives = [n for n in OBJECTIVES if any(key[0] == n for key in rows)]
+    temperatures = sorted({key[2] for key in rows})
+
+    def rates(name: str, temperature: float) -> set[float]:
+        return {rate for (n, rate, t) in rows if n == name and t == temperature}
+
+    def best_rate(name: str, temperature: float, among: set[float] | None = None) -> float | None:
+        found = [(score(rows[(name, rate, temperature)]), rate) for rate in rates(name, temperature)]
+        found = [(s, rate) for s, rate in found if among is None or rate in among]
         return max(found)[1] if found else None
 
+    # Temperatures are compared at the rates measured at all of them, so that a grid extended at one temperature
+    # (more rates tried there) does not favour it.
     readers = [n for n in objectives if reads_teacher(OBJECTIVES[n][0])]
+    common = {n: set.intersection(*(rates(n, t) for t in temperatures if rates(n, t))) for n in readers}
     by_temperature = {}
     for temperature in temperatures:
-        scores = [
-            score(rows[(n, best_rate(n, temperature), temperature)])
-            for n in readers
-            if best_rate(n, temperature) is not None
-        ]
-        if len(scores) == len(readers):
-            by_temperature[temperature] = statistics.fmean(scores)
+        best = [best_rate(n, temperature, common[n]) for n in readers]
+        if all(rate is not None for rate in best):
+            by_temperature[temperature] = statistics.fmean(
+                score(rows[(n, rate, temperature)]) for n, rate in zip(readers, best)
+            )
     chosen_t = max(by_temperature, key=by_temperature.get) if by_temperature else None
     rates_chosen = {n: best_rate(n, chosen_t if reads_teacher(OBJECTIVES[n][0]) else 0.0) for n in objectives}
     header = ["objective", "lr", "T", "TokPS 1", "TokPS 2", "TokPS 4", "dynamic 0.9", "NFE", "score"]
@@ -832,9 +858,7 @@ def main() -> None:
         if not args.summary_only:
             jobs = tuning_jobs(args.tuning_seed, objectives, args.tune_learning_rates, args.tune_temperatures)
             run(jobs, context, args.workers)
-        tuning = choose(
-            output, args.tuning_seed, objectives, args.tune_learning_rates, args.tune_temperatures
-        )
+        tuning = choose(output, args.tuning_seed, context)
     summary: dict[str, Any] = {}
     if not args.tune or args.quick:
         if not args.summary_only:

@@ -347,15 +347,21 @@ def test_throughput_benchmark_compile_runs_on_the_cpu():
     assert "compiled tok/s" in printed
 
 
-def test_method_study_refuses_results_measured_with_other_settings(tmp_path, monkeypatch):
-    # A rerun into the same --output_dir reuses the results on disk; one asking for another budget must stop and
-    # name them, not mix them into its means.
+@pytest.fixture
+def study(monkeypatch):
+    """``benchmarks/bench_method_study.py`` as a module."""
     spec = importlib.util.spec_from_file_location(
         "bench_method_study", REPO / "benchmarks" / "bench_method_study.py"
     )
-    study = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "bench_method_study", study)  # its dataclasses resolve their module
-    spec.loader.exec_module(study)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_method_study", module)  # its dataclasses resolve their module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_method_study_refuses_results_measured_with_other_settings(tmp_path, study):
+    # A rerun into the same --output_dir reuses the results on disk; one asking for another budget must stop and
+    # name them, not mix them into its means.
     base = study.QuickstartConfig(task="wordsort", num_trajectories=2000, batch_size=32)
     context = {"output": str(tmp_path), "base": base, "checkpoints": [480, 960]}
     teacher, t3d = study.main_jobs(["teacher", "t3d"], [0], study.TUNED["wordsort"], None, None)
@@ -387,3 +393,41 @@ def test_method_study_refuses_results_measured_with_other_settings(tmp_path, mon
     del measured["num_trajectories"]
     t3d.path(tmp_path).write_text(json.dumps(measured))
     assert study.mismatches(t3d, {**longer, "checkpoints": [480, 960]}) == []
+
+
+def test_method_study_tuning_choice_extends_the_grid_on_disk(tmp_path, study):
+    # A second --tune run over part of the grid (more rates) must choose over everything measured on the tuning
+    # seed, not only over its own part; rates tried at one temperature only must not decide the temperature, and
+    # results of another budget in the folder are never compared.
+    context = {"base": study.QuickstartConfig(task="wordsort", num_trajectories=2000), "checkpoints": [960]}
+
+    def measured(name, rate, temperature, score, steps=960, **extra):
+        path = tmp_path / "tuning/seed100" / f"{name}_lr{rate:g}_T{temperature or 0:g}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        result = {"learning_rate": rate, "trajectory_temperature": temperature, "steps": steps, **extra}
+        result |= {"tokps": {"1": 99.0, "2": score + 5, "4": score - 5}, "dynamic": 99.0, "dynamic_nfe": 9.0}
+        path.write_text(json.dumps(result))
+
+    # the first grid: t3d and dparallel at two rates and two temperatures; mdlm reads no teacher
+    for name, shift in (("t3d", 0), ("dparallel", 1)):
+        for rate, temperature, score in ((1e-3, 0.0, 85), (3e-4, 0.0, 80), (1e-3, 1.0, 87), (3e-4, 1.0, 81)):
+            measured(name, rate, temperature, score + shift)
+    measured("mdlm", 1e-3, None, 60)
+    first = study.choose(tmp_path, 100, context)
+    assert first["learning_rates"] == {"t3d": 1e-3, "dparallel": 1e-3, "mdlm": 1e-3}
+    assert first["trajectory_temperature"] == 1.0 and first["measured"] == 9
+    assert first["mean_best_score_by_temperature"] == {"0": 85.5, "1": 87.5}
+    # the extension, a higher rate at one temperature per objective: it wins t3d's rate at the chosen temperature,
+    # and dparallel's 99 at temperature 0 (a rate never tried at 1) does not move the temperature
+    measured("t3d", 3e-3, 1.0, 95)
+    measured("dparallel", 3e-3, 0.0, 99)
+    # measured with other settings: never part of this choice, however good
+    measured("t3d", 1e-2, 1.0, 99, steps=3840)
+    measured("t3d", 3e-2, 1.0, 99, num_trajectories=32000)
+    choice = study.choose(tmp_path, 100, context)
+    assert choice["learning_rates"] == {"t3d": 3e-3, "dparallel": 1e-3, "mdlm": 1e-3}
+    assert choice["trajectory_temperature"] == 1.0 and choice["measured"] == 11
+    assert choice["mean_best_score_by_temperature"] == first["mean_best_score_by_temperature"]
+    assert json.loads((tmp_path / "tuning_seed100.json").read_text()) == choice
+    table = (tmp_path / "tuning_seed100.md").read_text()
+    assert "| t3d | 0.003 | 1 |" in table and "| **95.00** |" in table and "| t3d | 0.01 |" not in table
