@@ -186,6 +186,11 @@ def real_data(task, rows: list[dict]) -> Dataset:
     )
 
 
+def training_budget(base: QuickstartConfig) -> dict[str, Any]:
+    """The data a trained result records it was trained on: the number of trajectories and the batch size."""
+    return {"num_trajectories": base.num_trajectories, "batch_size": base.batch_size}
+
+
 def recorded_settings(job: Job, base: QuickstartConfig) -> dict[str, Any]:
     """How ``job`` is measured, as its result records it; a rerun reuses a trained result only where they match."""
     settings = {
@@ -193,8 +198,18 @@ def recorded_settings(job: Job, base: QuickstartConfig) -> dict[str, Any]:
         "trajectory_temperature": job.temperature if reads_teacher(job.method) else None,
     }
     if job.method != "teacher":
-        settings |= {"num_trajectories": base.num_trajectories, "batch_size": base.batch_size}
+        settings |= training_budget(base)
     return settings
+
+
+def differences(found: dict[str, Any], asked: dict[str, Any]) -> list[str]:
+    """Where the result ``found`` on disk was measured otherwise than ``asked``, one line per field. Fields an
+    older result lacks are not checked."""
+    return [
+        f"{key} {found[key]} (asked {value})"
+        for key, value in asked.items()
+        if found.get(key, value) != value
+    ]
 
 
 def measure(grid, name: str) -> dict[str, Any]:
@@ -334,7 +349,7 @@ def _measure_job(job: Job, context: dict[str, Any], path: Path) -> dict[str, Any
 
 def mismatches(job: Job, context: dict[str, Any]) -> list[str]:
     """How the result on disk for ``job`` was measured differently from what this command asks (empty when it
-    matches or is not there): reusing it would silently mix budgets. Fields an older result lacks are not checked."""
+    matches or is not there): reusing it would silently mix budgets."""
     path = job.path(Path(context["output"]))
     if not path.exists() or job.method == "teacher":
         return []
@@ -342,11 +357,7 @@ def mismatches(job: Job, context: dict[str, Any]) -> list[str]:
     asked = {**recorded_settings(job, context["base"]), "checkpoints": job.checkpoints(context)}
     if "curve" in found:
         found["checkpoints"] = sorted(int(step) for step in found["curve"])
-    return [
-        f"{key} {found[key]} (asked {value})"
-        for key, value in asked.items()
-        if found.get(key, value) != value
-    ]
+    return differences(found, asked)
 
 
 def _run_job(args: tuple[Job, dict[str, Any]]) -> str | None:
@@ -470,12 +481,7 @@ def tuning_results(output: Path, seed: int, context: dict[str, Any]) -> dict[tup
     for path in sorted((output / f"tuning/seed{seed}").glob("*_lr*_T*.json")):
         result = json.loads(path.read_text())
         name = path.stem.rsplit("_lr", 1)[0]
-        if name not in OBJECTIVES or result["steps"] != steps:
-            continue
-        if any(
-            result.get(key, value) != value
-            for key, value in (("num_trajectories", base.num_trajectories), ("batch_size", base.batch_size))
-        ):
+        if name not in OBJECTIVES or result["steps"] != steps or differences(result, training_budget(base)):
             continue
         rows[(name, result["learning_rate"], result["trajectory_temperature"] or 0.0)] = result
     order = list(OBJECTIVES)
