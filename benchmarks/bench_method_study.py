@@ -8,16 +8,20 @@ SAME optimizer steps, and is evaluated on held-out prompts at TokPS 1, 2 and 4 a
 (threshold 0.9) at every checkpoint of ``--checkpoints`` along ONE run (no retraining per point, the run's later
 steps unchanged by the evaluations: :class:`t3d_trl.trainer.EvaluateAtSteps`). Along one cosine run the last
 doubling also anneals the learning rate, so the plateau rule is tested with a second, whole run of half the budget
-per model (``<name>_steps<N/2>``, with ``--plateau_runs``); every ``<name>_steps<K>`` run on disk (for example the
-whole runs of an earlier, shorter study, copied in) is a point of the whole-run learning curve
+per model (``<name>_steps<N/2>``; ``--no-plateau_runs`` leaves it out); every ``<name>_steps<K>`` run on disk (for
+example the whole runs of an earlier, shorter study, copied in) is a point of the whole-run learning curve
 (``whole_runs_<task>.png`` beside the along-run ``curves_<task>.png``).
 
-* Main comparison (``--seeds``): the teacher; ``t3d`` in the recommended setting (``RECOMMENDED``);
-  ``t3d_paper`` (the paper's settings); ``ddo``, ``td``, ``redi``, ``dparallel``; ``mdlm`` (SFT on the task's real
-  answers); ``t3d_rollout``: the recommended T3D with half of the rows moved onto the student's own path and
-  relabelled by the teacher's one-token-per-step completion (the step beyond the paper). Each objective trains at
-  its own learning rate and the trajectories are sampled at the temperature that the tuning seed chose
-  (``TUNED``); ``--learning_rate`` / ``--trajectory_temperature`` override them.
+* Main comparison (``--seeds``): the teacher; ``t3d`` in the recommended setting (``RECOMMENDED``); ``ddo``,
+  ``td``, ``redi``, ``dparallel``. With ``--variants`` also ``t3d_paper`` (the paper's settings), ``mdlm`` (SFT on
+  the task's real answers) and ``t3d_rollout``: the recommended T3D with half of the rows moved onto the student's
+  own path and relabelled by the teacher's one-token-per-step completion (the step beyond the paper). The defaults
+  are the task's protocol (``TUNED``): the number of trajectories and steps of the converged study, each
+  objective's learning rate and the trajectory temperature that the tuning seed chose; ``--num_trajectories``,
+  ``--checkpoints``, ``--learning_rate`` and ``--trajectory_temperature`` override them. On ``wordsort`` that is
+  32,000 trajectories and 7,680 steps (every objective meets the plateau rule): about 2 h 45 min on a quiet 2-core
+  machine; ``wordset`` (3,840 steps, not converged) about 2 hours (docs/method_study.md, "The converged
+  comparison"). ``--tuning_file benchmarks/protocols/<task>_2000.json`` restores the study's first protocol.
 * Tuning (``--tune``, on ``--tuning_seed``, which no reported mean uses): every objective at every learning rate
   of ``--tune_learning_rates`` and every trajectory temperature of ``--tune_temperatures``; prints the choice by
   the rule fixed in docs/method_study.md (highest mean of TokPS 2 and 4 at the last checkpoint), made over every
@@ -34,6 +38,7 @@ each; by default one per core). The last line printed is one JSON object with th
     python benchmarks/bench_method_study.py --seeds 0 1 2                               # wordsort
     python benchmarks/bench_method_study.py --task wordset --seeds 0 1 2
     python benchmarks/bench_method_study.py --tune                                     # the tuning seed
+    python benchmarks/bench_method_study.py --tuning_file benchmarks/protocols/wordsort_2000.json  # 960 steps
     python benchmarks/bench_method_study.py --quick   # seconds: a smoke run of every stage on tiny budgets
 """
 
@@ -71,8 +76,6 @@ from t3d_trl.demo.tasks import get_task
 from t3d_trl.trainer import EvaluateAtSteps
 
 TASKS = ("wordsort", "wordset")
-CHECKPOINTS = (60, 120, 240, 480, 960)  # doubling; the last is the budget of every student
-TUNING_CHECKPOINTS = (480, 960)  # the score is taken at the last; the one before shows the trend
 # 3e-2, 1e-2 and 3e-3 were added after 1e-3, the top of the first grid, won everywhere (docs/method_study.md).
 LR_GRID = (3e-2, 1e-2, 3e-3, 1e-3, 3e-4, 1e-4)
 TEMPERATURES = (0.0, 0.1, 1.0)  # greedy, the public reference code's 0.1, plain sampling
@@ -99,9 +102,12 @@ MAIN: dict[str, tuple[str, dict[str, Any]]] = {
     "t3d_rollout": ("t3d", {**RECOMMENDED, **STUDENT, "student_state_labels": "rollout"}),
     "t3d_student": ("t3d", {**RECOMMENDED, **STUDENT}),  # argmax labels: not run by default
 }
-# mdlm (SFT) is not a default variant: 25-29 points below every distillation objective at TokPS 4 on wordsort
-# (`--variants teacher mdlm` runs it).
-DEFAULT_VARIANTS = ["teacher", *[n for n in OBJECTIVES if n != "mdlm"], "t3d_rollout"]
+# The teacher and the five objectives of the study. mdlm (SFT) is not a default variant: 25-29 points below every
+# distillation objective at TokPS 4 on wordsort (`--variants teacher mdlm` runs it). The paper's T3D setting and
+# t3d_rollout were measured once at their plateau (3,840 steps with 32,000 trajectories on wordsort, where both
+# meet the rule: docs/method_study.md) and are run with `--variants`; `--quick` runs them too.
+DEFAULT_VARIANTS = ["teacher", "t3d", "ddo", "td", "redi", "dparallel"]
+QUICK_VARIANTS = [*DEFAULT_VARIANTS, "t3d_paper", "t3d_rollout"]
 # Path weights need a student budget below the block: at TokPS 4 on blocks of 4, B = 1 and every weight is 1.
 ABLATIONS: dict[str, tuple[str, dict[str, Any]]] = {
     "t3d_tokps2_uniform": ("t3d", {**RECOMMENDED, "tokens_per_step": 2}),
@@ -113,17 +119,20 @@ ABLATIONS: dict[str, tuple[str, dict[str, Any]]] = {
     "t3d_lambda0.2": ("t3d", {**RECOMMENDED, "lambda_path": 0.2}),
 }
 BASELINES = ("td", "redi", "ddo", "dparallel")
-# Chosen on the tuning seed by `--tune` (docs/method_study.md, "Tuning"): per task, each objective's learning rate
-# and the teachers' trajectory temperature. Variants not named use the rate of the objective they extend (t3d).
+# The study's protocol per task (docs/method_study.md, "What the defaults follow"): the number of trajectories and
+# steps of the reported runs, the budget of the tuning runs, and what the tuning seed chose there: each objective's
+# learning rate and the teachers' trajectory temperature. Variants not named use the rate of the objective they
+# extend (t3d).
 TUNED: dict[str, dict[str, Any]] = {
-    # seed 100, after the grid was extended above 1e-3 (its first top, which had won everywhere): on wordsort, at
-    # the trajectory temperature chosen on the first grid (0.1: 91.19 on average against 90.97 greedy and 89.83 at
-    # 1.0, a tie by any standard error), 3e-3 for t3d, ddo and dparallel and 1e-3 for the others; on wordset
-    # 1e-2 for every objective, with 3e-2 worse for each, and greedy trajectories (measured at 1e-2: 32.37 against
-    # 31.59 at 0.1 and 15.25 at 1.0). mdlm (SFT, reads no teacher output) keeps its first-grid choice.
+    # Converged: with 32,000 trajectories every objective meets the plateau rule at 7,680 steps (whole runs of
+    # 3,840 -> 7,680 gain at most 0.97 at TokPS 4, TD's). Trajectories at temperature 0.1 (seed 100, first grid: 91.19 on
+    # average against 90.97 greedy and 89.83 at 1.0, a tie by any standard error). Rates: t3d and dparallel tuned
+    # again at 32,000 trajectories and 3,840 steps (t3d 3e-3 -> 1e-3, dparallel keeps 3e-3); the others are the
+    # choice at 2,000 trajectories and 960 steps, after the grid was extended above 1e-3 (its first top, which had
+    # won everywhere).
     "wordsort": {
         "learning_rates": {
-            "t3d": 3e-3,
+            "t3d": 1e-3,
             "t3d_paper": 1e-3,
             "ddo": 3e-3,
             "td": 1e-3,
@@ -132,12 +141,52 @@ TUNED: dict[str, dict[str, Any]] = {
             "mdlm": 1e-3,
         },
         "trajectory_temperature": 0.1,
+        "num_trajectories": 32000,
+        "distill_steps": 7680,
+        "tuning_steps": 3840,
     },
+    # Not converged at any budget measured: 3,840 steps with 32,000 trajectories, the longest that keeps the
+    # teacher's full step (with 2,000 the trajectory objectives lose 17-20 points of it there), still gains 6.9-10.5
+    # points at TokPS 4 over the whole 1,920-step runs. Rates and temperature: the choice at 2,000 trajectories and
+    # 960 steps (1e-2 for every objective, 3e-2 worse for each; greedy, 32.37 against 31.59 at 0.1 and 15.25 at 1.0).
+    # mdlm (SFT, reads no teacher output) keeps its first-grid choice.
     "wordset": {
         "learning_rates": {name: 1e-3 if name == "mdlm" else 1e-2 for name in OBJECTIVES},
         "trajectory_temperature": 0.0,
+        "num_trajectories": 32000,
+        "distill_steps": 3840,
+        "tuning_steps": 960,
     },
 }
+
+
+def task_protocol(task: str, path: str | None = None) -> dict[str, Any]:
+    """The task's protocol (``TUNED``) with the keys of the JSON file at ``path`` over it: a ``--tune`` choice
+    (``tuning_seed<S>.json``: rates and temperature), or an earlier protocol with its budget and default variants
+    too (``benchmarks/protocols/``: the study's first runs, with 2,000 trajectories)."""
+    protocol = dict(TUNED[task])
+    if path:
+        found = json.loads(Path(path).read_text())
+        if found.get("task", task) != task:
+            raise SystemExit(f"{path} is a protocol of task {found['task']!r}, not {task!r}")
+        # a grid of some objectives (--tune_objectives) leaves the others at the task's rates
+        protocol |= {
+            **found,
+            "learning_rates": {**protocol["learning_rates"], **found.get("learning_rates", {})},
+        }
+    return protocol
+
+
+def default_checkpoints(protocol: dict[str, Any], tune: bool) -> list[int]:
+    """The steps a run of the task's protocol is evaluated at: 60 doubled up to its budget (the learning curve),
+    or for a tuning run half the tuning budget and the budget (the score is taken at the last)."""
+    if tune:
+        return [protocol["tuning_steps"] // 2, protocol["tuning_steps"]]
+    points, step = [], 60
+    while step < protocol["distill_steps"]:
+        points.append(step)
+        step *= 2
+    return [*points, protocol["distill_steps"]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -779,21 +828,26 @@ def parse_args() -> argparse.Namespace:
         type=int,
         nargs="+",
         default=None,
-        help=f"default: {CHECKPOINTS}; with --tune: 480 960",
+        help="default: the task's protocol (TUNED), 60 doubled up to its distill_steps; with --tune half its "
+        "tuning_steps and tuning_steps",
     )
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--learning_rate", type=float, default=None, help="one rate for every objective")
     parser.add_argument("--trajectory_temperature", type=float, default=None, help="default: the tuned one")
-    parser.add_argument("--num_trajectories", type=int, default=2000)
+    parser.add_argument(
+        "--num_trajectories", type=int, default=None, help="default: the task's protocol (TUNED)"
+    )
     parser.add_argument("--num_eval", type=int, default=1000)
     parser.add_argument(
         "--tuning_file",
         default=None,
-        help="a tuning_seed<S>.json of --tune to read the rates from (default: TUNED)",
+        help="a JSON whose keys replace the task's protocol (TUNED): a tuning_seed<S>.json of --tune (the rates "
+        "and temperature), or a file of benchmarks/protocols/ (an earlier protocol, its budget and variants too)",
     )
     parser.add_argument(
         "--plateau_runs",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=True,
         help="also a whole run of half the budget per model: the plateau rule on whole runs (1.5x the time)",
     )
     parser.add_argument("--tune", action="store_true", help="run the tuning grid on --tuning_seed instead")
@@ -821,10 +875,11 @@ def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
+    protocol = task_protocol(args.task, args.tuning_file)
     base = QuickstartConfig(
         task=args.task,
         batch_size=args.batch_size,
-        num_trajectories=args.num_trajectories,
+        num_trajectories=args.num_trajectories or protocol["num_trajectories"],
         num_eval=args.num_eval,
         analysis_prompts=32,
         analysis_samples=8,
@@ -843,6 +898,7 @@ def main() -> None:
         args.tune_objectives = ["t3d", "mdlm"]
         args.workers = max(args.workers, 2)  # the worker pool too
         args.plateau_runs = True
+        args.variants = args.variants or QUICK_VARIANTS
     output.mkdir(parents=True, exist_ok=True)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     context = {
@@ -850,11 +906,11 @@ def main() -> None:
         "teacher": teacher,
         "output": str(output),
         "base": base,
-        "checkpoints": sorted(set(args.checkpoints or (TUNING_CHECKPOINTS if args.tune else CHECKPOINTS))),
+        "checkpoints": sorted(set(args.checkpoints or default_checkpoints(protocol, args.tune))),
         "threads": args.threads,
         "device": device,
     }
-    variants = args.variants or DEFAULT_VARIANTS
+    variants = args.variants or protocol.get("variants", DEFAULT_VARIANTS)
     unknown = [n for n in variants if n != "teacher" and n not in MAIN]
     if unknown:
         raise SystemExit(f"unknown variants {unknown}; choose from {['teacher', *MAIN]}")
@@ -868,16 +924,15 @@ def main() -> None:
     summary: dict[str, Any] = {}
     if not args.tune or args.quick:
         if not args.summary_only:
-            tuned = json.loads(Path(args.tuning_file).read_text()) if args.tuning_file else TUNED[args.task]
             half = max(context["checkpoints"]) // 2 if args.plateau_runs else None
             jobs = main_jobs(
-                variants, args.seeds, tuned, args.learning_rate, args.trajectory_temperature, half
+                variants, args.seeds, protocol, args.learning_rate, args.trajectory_temperature, half
             )
             if args.ablation_seed is not None:
                 jobs += main_jobs(
                     ["teacher", "t3d", *ABLATIONS],
                     [args.ablation_seed],
-                    tuned,
+                    protocol,
                     args.learning_rate,
                     args.trajectory_temperature,
                 )

@@ -395,6 +395,35 @@ def test_method_study_refuses_results_measured_with_other_settings(tmp_path, stu
     assert study.mismatches(t3d, {**longer, "checkpoints": [480, 960]}) == []
 
 
+def test_method_study_defaults_are_the_tasks_protocol(tmp_path, study, monkeypatch):
+    # A bare run measures its task's converged protocol; a file of benchmarks/protocols/ reproduces an earlier one,
+    # its budget included; a --tune choice replaces only the rates it measured.
+    wordsort = study.task_protocol("wordsort")
+    assert (wordsort["num_trajectories"], wordsort["distill_steps"]) == (32000, 7680)
+    assert study.default_checkpoints(wordsort, tune=False) == [60, 120, 240, 480, 960, 1920, 3840, 7680]
+    assert study.default_checkpoints(wordsort, tune=True) == [1920, 3840]
+    assert study.default_checkpoints({"distill_steps": 100}, tune=False) == [60, 100]
+    for task in study.TASKS:
+        assert set(study.OBJECTIVES) <= set(study.task_protocol(task)["learning_rates"])
+    first = study.task_protocol("wordsort", str(REPO / "benchmarks/protocols/wordsort_2000.json"))
+    assert (first["num_trajectories"], first["learning_rates"]["t3d"]) == (2000, 3e-3)
+    assert set(first["variants"]) == {"teacher", *study.MAIN} - {"mdlm", "t3d_student"}  # then the default
+    assert study.default_checkpoints(first, tune=False) == [60, 120, 240, 480, 960]
+    assert study.default_checkpoints(first, tune=True) == [480, 960]
+    grid = tmp_path / "tuning_seed100.json"
+    grid.write_text(json.dumps({"learning_rates": {"t3d": 1e-2}, "trajectory_temperature": 0.0}))
+    tuned = study.task_protocol("wordsort", str(grid))
+    assert tuned["learning_rates"] == {**wordsort["learning_rates"], "t3d": 1e-2}
+    assert tuned["trajectory_temperature"] == 0.0 and tuned["num_trajectories"] == 32000
+    with pytest.raises(SystemExit, match="task 'wordsort', not 'wordset'"):
+        study.task_protocol("wordset", str(REPO / "benchmarks/protocols/wordsort_2000.json"))
+    # The whole half runs of the plateau rule are part of the protocol; --no-plateau_runs leaves them out.
+    monkeypatch.setattr(sys, "argv", ["bench_method_study.py"])
+    assert study.parse_args().plateau_runs is True
+    monkeypatch.setattr(sys, "argv", ["bench_method_study.py", "--no-plateau_runs"])
+    assert study.parse_args().plateau_runs is False
+
+
 def test_method_study_tuning_choice_extends_the_grid_on_disk(tmp_path, study):
     # A second --tune run over part of the grid (more rates) must choose over everything measured on the tuning
     # seed, not only over its own part; rates tried at one temperature only must not decide the temperature, and
