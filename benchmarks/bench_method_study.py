@@ -125,11 +125,11 @@ BASELINES = ("td", "redi", "ddo", "dparallel")
 # extend (t3d).
 TUNED: dict[str, dict[str, Any]] = {
     # Converged: with 32,000 trajectories every objective meets the plateau rule at 7,680 steps (whole runs of
-    # 3,840 -> 7,680 gain at most 0.97 at TokPS 4, TD's). Trajectories at temperature 0.1 (seed 100, first grid: 91.19 on
-    # average against 90.97 greedy and 89.83 at 1.0, a tie by any standard error). Rates: t3d and dparallel tuned
-    # again at 32,000 trajectories and 3,840 steps (t3d 3e-3 -> 1e-3, dparallel keeps 3e-3); the others are the
-    # choice at 2,000 trajectories and 960 steps, after the grid was extended above 1e-3 (its first top, which had
-    # won everywhere).
+    # 3,840 -> 7,680 gain at most 0.97 at TokPS 4, TD's). Trajectories at temperature 0.1 (seed 100, first grid:
+    # 91.19 on average against 90.97 greedy and 89.83 at 1.0, a tie by any standard error). Rates: t3d and
+    # dparallel tuned again at 32,000 trajectories and 3,840 steps (t3d 3e-3 -> 1e-3, dparallel keeps 3e-3); the
+    # others are the choice at 2,000 trajectories and 960 steps, after the grid was extended above 1e-3 (its first
+    # top, which had won everywhere).
     "wordsort": {
         "learning_rates": {
             "t3d": 1e-3,
@@ -146,10 +146,10 @@ TUNED: dict[str, dict[str, Any]] = {
         "tuning_steps": 3840,
     },
     # Not converged at any budget measured: 3,840 steps with 32,000 trajectories, the longest that keeps the
-    # teacher's full step (with 2,000 the trajectory objectives lose 17-20 points of it there), still gains 6.9-10.5
-    # points at TokPS 4 over the whole 1,920-step runs. Rates and temperature: the choice at 2,000 trajectories and
-    # 960 steps (1e-2 for every objective, 3e-2 worse for each; greedy, 32.37 against 31.59 at 0.1 and 15.25 at 1.0).
-    # mdlm (SFT, reads no teacher output) keeps its first-grid choice.
+    # teacher's full step (with 2,000 the trajectory objectives lose 17-20 points of it there), still gains
+    # 6.9-10.5 points at TokPS 4 over the whole 1,920-step runs. Rates and temperature: the choice at 2,000
+    # trajectories and 960 steps (1e-2 for every objective, 3e-2 worse for each; greedy, 32.37 against 31.59 at
+    # 0.1 and 15.25 at 1.0). mdlm (SFT, reads no teacher output) keeps its first-grid choice.
     "wordset": {
         "learning_rates": {name: 1e-3 if name == "mdlm" else 1e-2 for name in OBJECTIVES},
         "trajectory_temperature": 0.0,
@@ -167,8 +167,10 @@ def task_protocol(task: str, path: str | None = None) -> dict[str, Any]:
     protocol = dict(TUNED[task])
     if path:
         found = json.loads(Path(path).read_text())
+        if not isinstance(found, dict):
+            raise ValueError(f"expected a JSON object of protocol keys, found {type(found).__name__}")
         if found.get("task", task) != task:
-            raise SystemExit(f"{path} is a protocol of task {found['task']!r}, not {task!r}")
+            raise ValueError(f"a protocol of task {found['task']!r}, not {task!r}")
         # a grid of some objectives (--tune_objectives) leaves the others at the task's rates
         protocol |= {
             **found,
@@ -868,14 +870,19 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--quick", action="store_true", help="tiny budgets and a freshly trained tiny teacher"
     )
-    return parser.parse_args()
+    args = parser.parse_args()
+    try:  # a file that cannot be read is a usage error: one line, exit status 2
+        args.protocol = task_protocol(args.task, args.tuning_file)
+    except (OSError, ValueError) as error:
+        parser.error(f"--tuning_file {args.tuning_file}: {error}")
+    return args
 
 
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
-    protocol = task_protocol(args.task, args.tuning_file)
+    protocol = args.protocol
     base = QuickstartConfig(
         task=args.task,
         batch_size=args.batch_size,

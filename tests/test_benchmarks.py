@@ -415,13 +415,36 @@ def test_method_study_defaults_are_the_tasks_protocol(tmp_path, study, monkeypat
     tuned = study.task_protocol("wordsort", str(grid))
     assert tuned["learning_rates"] == {**wordsort["learning_rates"], "t3d": 1e-2}
     assert tuned["trajectory_temperature"] == 0.0 and tuned["num_trajectories"] == 32000
-    with pytest.raises(SystemExit, match="task 'wordsort', not 'wordset'"):
+    with pytest.raises(ValueError, match="task 'wordsort', not 'wordset'"):
         study.task_protocol("wordset", str(REPO / "benchmarks/protocols/wordsort_2000.json"))
     # The whole half runs of the plateau rule are part of the protocol; --no-plateau_runs leaves them out.
     monkeypatch.setattr(sys, "argv", ["bench_method_study.py"])
-    assert study.parse_args().plateau_runs is True
+    assert study.parse_args().plateau_runs is True and study.parse_args().protocol == wordsort
     monkeypatch.setattr(sys, "argv", ["bench_method_study.py", "--no-plateau_runs"])
     assert study.parse_args().plateau_runs is False
+
+
+@pytest.mark.parametrize(
+    "content, expected",
+    [
+        (None, "No such file"),
+        ("{not json", "Expecting property name"),
+        ("[1, 2]", "expected a JSON object of protocol keys, found list"),
+        ('{"task": "wordset"}', "a protocol of task 'wordset', not 'wordsort'"),
+    ],
+)
+def test_method_study_refuses_a_bad_tuning_file_with_a_usage_error(
+    tmp_path, study, monkeypatch, capsys, content, expected
+):
+    path = tmp_path / "protocol.json"
+    if content is not None:
+        path.write_text(content)
+    monkeypatch.setattr(sys, "argv", ["bench_method_study.py", "--tuning_file", str(path)])
+    with pytest.raises(SystemExit) as exit_:
+        study.parse_args()
+    assert exit_.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith(f"bench_method_study.py: error: --tuning_file {path}: ") and expected in error
 
 
 def test_method_study_tuning_choice_extends_the_grid_on_disk(tmp_path, study):
