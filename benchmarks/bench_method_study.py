@@ -147,7 +147,7 @@ TUNED: dict[str, dict[str, Any]] = {
     },
     # Not converged at any budget measured: 3,840 steps with 32,000 trajectories (with 2,000 the trajectory
     # objectives lose 17-20 points of the teacher's full step there) still gains 6.9-10.5 points at TokPS 4 over
-    # the whole 1,920-step runs, and 7,680 steps (T3D, dParallel, TD, DDO) 5.0-6.2 over the whole 3,840-step runs:
+    # the whole 1,920-step runs, and 7,680 steps (all five objectives) 5.0-6.2 over the whole 3,840-step runs:
     # the default stays at 3,840, as twice the time would not meet the rule either. Rates and temperature: the
     # choice at 2,000 trajectories and 960 steps (1e-2 for every objective, 3e-2 worse for each; greedy, 32.37
     # against 31.59 at 0.1 and 15.25 at 1.0). mdlm (SFT, reads no teacher output) keeps its first-grid choice.
