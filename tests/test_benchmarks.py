@@ -410,6 +410,11 @@ def test_method_study_defaults_are_the_tasks_protocol(tmp_path, study, monkeypat
     assert set(first["variants"]) == {"teacher", *study.MAIN} - {"mdlm", "t3d_student"}  # then the default
     assert study.default_checkpoints(first, tune=False) == [60, 120, 240, 480, 960]
     assert study.default_checkpoints(first, tune=True) == [480, 960]
+    # The first converged comparison: the converged budget with TD's and DDO's rates from before their retuning.
+    before = study.task_protocol("wordsort", str(REPO / "benchmarks/protocols/wordsort_32000_first.json"))
+    assert (before["num_trajectories"], before["distill_steps"]) == (32000, 7680)
+    assert before["learning_rates"] == {**wordsort["learning_rates"], "td": 1e-3, "ddo": 3e-3}
+    assert wordsort["learning_rates"]["td"] == 3e-3 and wordsort["learning_rates"]["ddo"] == 1e-3
     grid = tmp_path / "tuning_seed100.json"
     grid.write_text(json.dumps({"learning_rates": {"t3d": 1e-2}, "trajectory_temperature": 0.0}))
     tuned = study.task_protocol("wordsort", str(grid))
