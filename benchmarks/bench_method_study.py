@@ -125,7 +125,8 @@ BASELINES = ("td", "redi", "ddo", "dparallel")
 # extend (t3d).
 TUNED: dict[str, dict[str, Any]] = {
     # Converged: with 32,000 trajectories every objective meets the plateau rule at 7,680 steps (whole runs of
-    # 3,840 -> 7,680 gain at most 0.97 at TokPS 4, TD's). Trajectories at temperature 0.1 (seed 100, first grid:
+    # 3,840 -> 7,680 gain at most 0.97 at TokPS 4, TD's; TD and DDO measured so at their first rates, their whole
+    # half runs at the retuned ones not run). Trajectories at temperature 0.1 (seed 100, first grid:
     # 91.19 on average against 90.97 greedy and 89.83 at 1.0, a tie by any standard error). Rates: tuned again at
     # 32,000 trajectories and 3,840 steps (t3d 3e-3 -> 1e-3, td 1e-3 -> 3e-3, ddo 3e-3 -> 1e-3; dparallel and redi
     # keep theirs); t3d_paper and mdlm (mdlm reads no teacher output) keep their first-grid choice.
