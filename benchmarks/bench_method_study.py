@@ -53,6 +53,7 @@ import multiprocessing
 import os
 import statistics
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Iterator
@@ -310,15 +311,26 @@ def _teacher(path: str, device: str) -> torch.nn.Module:
     return _TEACHER[path]
 
 
-def claim(path: Path) -> bool:
-    """Take the job whose result goes to ``path``: False when another process (or worker) has it. Several
-    processes, on CPUs or GPUs, can so share one job list and one output folder."""
+_HELD: set[Path] = set()  # this process's claims, released by exit_with_parent when the study dies
+
+
+@contextlib.contextmanager
+def claimed(path: Path) -> Iterator[bool]:
+    """Hold the job whose result goes to ``path`` for the block: False when another process (or worker) has it.
+    Several processes, on CPUs or GPUs, can so share one job list and one output folder."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    claim = path.with_suffix(".claim")
     try:
-        os.close(os.open(path.with_suffix(".claim"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
     except FileExistsError:
-        return False
-    return True
+        yield False
+        return
+    _HELD.add(claim)
+    try:
+        yield True
+    finally:
+        _HELD.discard(claim)
+        claim.unlink(missing_ok=True)
 
 
 def run_job(job: Job, context: dict[str, Any]) -> dict[str, Any] | None:
@@ -326,12 +338,10 @@ def run_job(job: Job, context: dict[str, Any]) -> dict[str, Any] | None:
 
     Returns None when the result is on disk already or another process has claimed the job."""
     path = job.path(Path(context["output"]))
-    if path.exists() or not claim(path):
+    if path.exists():
         return None
-    try:
-        return _measure_job(job, context, path)
-    finally:
-        path.with_suffix(".claim").unlink(missing_ok=True)
+    with claimed(path) as mine:
+        return _measure_job(job, context, path) if mine else None
 
 
 def _measure_job(job: Job, context: dict[str, Any], path: Path) -> dict[str, Any]:
@@ -413,6 +423,21 @@ def mismatches(job: Job, context: dict[str, Any]) -> list[str]:
     return differences(found, asked)
 
 
+def exit_with_parent() -> None:
+    """Pool initializer: the worker exits as soon as the study's process dies, releasing its job's claim so that a
+    restarted study runs the job again. A pool's workers are otherwise only stopped by the parent's clean exit, so
+    a killed study (``kill``, ``pkill -f``) left them training for many minutes on the cores a restart needs."""
+    parent = multiprocessing.parent_process()
+
+    def watch() -> None:
+        parent.join()  # returns when the parent's end of the pipe closes, however it died
+        for claim in list(_HELD):
+            claim.unlink(missing_ok=True)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
 def _run_job(args: tuple[Job, dict[str, Any]]) -> str | None:
     """A pool worker's job: the traceback of a failure is returned (and printed), not raised, so that one
     failing model does not stop the others."""
@@ -455,14 +480,16 @@ def run(jobs: list[Job], context: dict[str, Any], workers: int) -> None:
     if workers <= 1:
         failures = [_run_job((job, context)) for job in todo]
     else:
-        with multiprocessing.get_context("spawn").Pool(workers, maxtasksperchild=4) as pool:
+        with multiprocessing.get_context("spawn").Pool(workers, exit_with_parent, maxtasksperchild=4) as pool:
             failures = list(pool.imap_unordered(_run_job, [(job, context) for job in todo]))
     failures = [f for f in failures if f]
-    claimed = [
+    elsewhere = [
         j.name for j in todo if not j.path(output).exists() and j.path(output).with_suffix(".claim").exists()
     ]
-    if claimed:
-        print(f"claimed by another process, not run here: {claimed} (delete their .claim files if none runs)")
+    if elsewhere:
+        print(
+            f"claimed by another process, not run here: {elsewhere} (delete their .claim files if none runs)"
+        )
     if failures:
         raise SystemExit(f"{len(failures)} job(s) failed:\n" + "\n".join(failures))
 

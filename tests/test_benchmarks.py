@@ -3,13 +3,17 @@ scripts under benchmarks/, each run with ``--quick``."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
+import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -450,6 +454,74 @@ def test_method_study_refuses_a_bad_tuning_file_with_a_usage_error(
     assert exit_.value.code == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert error.startswith(f"bench_method_study.py: error: --tuning_file {path}: ") and expected in error
+
+
+def _has_exited(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in "ZX"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc")
+def test_method_study_workers_exit_when_the_study_is_killed(tmp_path):
+    # A killed study (SIGKILL: no cleanup runs) must not leave its pool workers training on the cores, nor their
+    # jobs claimed, or a restart would skip them; a pool without the initializer is the control.
+    script = tmp_path / "study.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import multiprocessing, os, sys, time
+            from pathlib import Path
+            from bench_method_study import claimed, exit_with_parent
+
+            def hold(result):
+                with claimed(Path(result)):
+                    time.sleep(120)
+
+            if __name__ == "__main__":
+                initializer = exit_with_parent if sys.argv[1] == "watched" else None
+                with multiprocessing.get_context("spawn").Pool(1, initializer) as pool:
+                    pid = pool.apply(os.getpid)
+                    pool.apply_async(hold, (sys.argv[2],))
+                    while not Path(sys.argv[2]).with_suffix(".claim").exists():
+                        time.sleep(0.05)
+                    print(pid, flush=True)
+                    time.sleep(120)
+            """
+        )
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO / "benchmarks"), os.environ.get("PYTHONPATH", "")]),
+    }
+    workers, claims = {}, {}
+    for case in ("watched", "control"):
+        result = tmp_path / case / "t3d.json"
+        # stderr to a file: the killed study's resource tracker reports its leaked semaphores there
+        with (tmp_path / f"{case}.err").open("w") as stderr:
+            study = subprocess.Popen(
+                [sys.executable, str(script), case, str(result)],
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                text=True,
+                env=env,
+            )
+            line = study.stdout.readline()
+            study.send_signal(signal.SIGKILL)
+            study.wait()
+        assert line.strip().isdigit(), (tmp_path / f"{case}.err").read_text()
+        workers[case], claims[case] = int(line), result.with_suffix(".claim")
+    try:
+        deadline = time.monotonic() + 30
+        while not _has_exited(workers["watched"]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _has_exited(workers["watched"]) and not claims["watched"].exists()
+        assert not _has_exited(workers["control"]) and claims["control"].exists()
+    finally:
+        for pid in workers.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_method_study_tuning_choice_extends_the_grid_on_disk(tmp_path, study):
