@@ -419,6 +419,12 @@ def test_method_study_defaults_are_the_tasks_protocol(tmp_path, study, monkeypat
     assert (before["num_trajectories"], before["distill_steps"]) == (32000, 7680)
     assert before["learning_rates"] == {**wordsort["learning_rates"], "td": 1e-3, "ddo": 3e-3}
     assert wordsort["learning_rates"]["td"] == 3e-3 and wordsort["learning_rates"]["ddo"] == 1e-3
+    wordset = study.task_protocol("wordset")
+    before = study.task_protocol("wordset", str(REPO / "benchmarks/protocols/wordset_32000_first.json"))
+    assert before["learning_rates"] == {**wordset["learning_rates"], "t3d": 1e-2}
+    assert wordset["learning_rates"]["t3d"] == 3e-3
+    assert study.default_checkpoints(wordset, tune=True) == [1920, 3840]
+    assert study.default_checkpoints(before, tune=True) == [480, 960]
     grid = tmp_path / "tuning_seed100.json"
     grid.write_text(json.dumps({"learning_rates": {"t3d": 1e-2}, "trajectory_temperature": 0.0}))
     tuned = study.task_protocol("wordsort", str(grid))
