@@ -13,11 +13,10 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
-from testing_utils import BENCHMARK_ROWS
+from testing_utils import BENCHMARK_ROWS, process_exited
 
 from t3d_trl.data.prompts import CODE_PROMPT, MATH_PROMPT
 from t3d_trl.evaluation.benchmarks import (
@@ -462,13 +461,6 @@ def test_method_study_refuses_a_bad_tuning_file_with_a_usage_error(
     assert error.startswith(f"bench_method_study.py: error: --tuning_file {path}: ") and expected in error
 
 
-def _has_exited(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in "ZX"
-    except FileNotFoundError:
-        return True
-
-
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc")
 def test_method_study_workers_exit_when_the_study_is_killed(tmp_path):
     # A killed study (SIGKILL: no cleanup runs) must not leave its pool workers training on the cores, nor their
@@ -519,11 +511,8 @@ def test_method_study_workers_exit_when_the_study_is_killed(tmp_path):
         assert line.strip().isdigit(), (tmp_path / f"{case}.err").read_text()
         workers[case], claims[case] = int(line), result.with_suffix(".claim")
     try:
-        deadline = time.monotonic() + 30
-        while not _has_exited(workers["watched"]) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert _has_exited(workers["watched"]) and not claims["watched"].exists()
-        assert not _has_exited(workers["control"]) and claims["control"].exists()
+        assert process_exited(workers["watched"], timeout=30) and not claims["watched"].exists()
+        assert not process_exited(workers["control"]) and claims["control"].exists()
     finally:
         for pid in workers.values():
             with contextlib.suppress(ProcessLookupError):

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+from testing_utils import process_exited
 
 from t3d_trl.evaluation import sandbox_child
 from t3d_trl.evaluation.sandbox import (
@@ -190,14 +191,6 @@ def test_early_exit_is_not_a_pass(ending: str, sentinel: Path) -> None:
     assert not inside.passed and inside.status == "exited"
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs /proc")
 def test_children_are_killed_on_timeout() -> None:
     # Deliberately bypass the Python-level guard with a raw libc fork(): the process-group kill
@@ -216,10 +209,7 @@ def test_children_are_killed_on_timeout() -> None:
     pids = [int(line.split()[1]) for line in result.stdout.splitlines() if line.startswith("child ")]
     if not pids:
         pytest.skip("libc fork() is unavailable here (e.g. RLIMIT_NPROC for a non-root user)")
-    deadline = time.monotonic() + 5
-    while _alive(pids[0]) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _alive(pids[0])
+    assert process_exited(pids[0], timeout=5)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -7,7 +7,9 @@ from __future__ import annotations
 import contextlib
 import socket
 import string
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
@@ -21,6 +23,20 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<assistant>{% endif %}"
 )
 VOCAB_SIZE = 128
+
+
+def process_exited(pid: int, timeout: float = 0.0) -> bool:
+    """Whether process ``pid`` has exited (gone, or a zombie nobody reaped yet), waiting up to ``timeout`` seconds
+    for it to. Reads ``/proc``: tests that call it skip where there is none."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            exited = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in "ZX"
+        except FileNotFoundError:
+            exited = True
+        if exited or time.monotonic() >= deadline:
+            return exited
+        time.sleep(0.05)
 
 
 def free_port() -> int:
