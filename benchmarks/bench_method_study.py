@@ -316,26 +316,35 @@ def _teacher(path: str, device: str) -> torch.nn.Module:
     return _TEACHER[path]
 
 
-_HELD: set[Path] = set()  # this process's claims, released by exit_with_parent when the study dies
-
-
 @contextlib.contextmanager
 def claimed(path: Path) -> Iterator[bool]:
-    """Hold the job whose result goes to ``path`` for the block: False when another process (or worker) has it.
-    Several processes, on CPUs or GPUs, can so share one job list and one output folder."""
+    """Hold the job whose result goes to ``path`` for the block: False when another process (or worker) holds it,
+    or has written its result meanwhile. Several processes, on CPUs or GPUs, can so share one job list and one
+    output folder. The claim is a lock on ``<result>.claim``, which the kernel releases when its holder dies,
+    however it dies (a killed worker, a crash), so a restarted study runs the job again instead of skipping it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     claim = path.with_suffix(".claim")
-    try:
-        os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-    except FileExistsError:
-        yield False
-        return
-    _HELD.add(claim)
-    try:
-        yield True
-    finally:
-        _HELD.discard(claim)
-        claim.unlink(missing_ok=True)
+    with open(claim, "a") as handle:  # closing the file releases the lock
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            # a holder writes its result before it lets go, so whoever gets the lock next sees it
+            yield not path.exists()
+        finally:
+            claim.unlink(missing_ok=True)
+
+
+def held_elsewhere(path: Path) -> bool:
+    """Whether another live process holds the claim of the job whose result goes to ``path``."""
+    with contextlib.suppress(FileNotFoundError), open(path.with_suffix(".claim")) as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+    return False
 
 
 def run_job(job: Job, context: dict[str, Any]) -> dict[str, Any] | None:
@@ -429,15 +438,13 @@ def mismatches(job: Job, context: dict[str, Any]) -> list[str]:
 
 
 def exit_with_parent() -> None:
-    """Pool initializer: the worker exits as soon as the study's process dies, releasing its job's claim so that a
-    restarted study runs the job again. A pool's workers are otherwise only stopped by the parent's clean exit, so
+    """Pool initializer: the worker exits as soon as the study's process dies (its job's claim goes with it, so a
+    restarted study runs the job again). A pool's workers are otherwise only stopped by the parent's clean exit, so
     a killed study (``kill``, ``pkill -f``) left them training for many minutes on the cores a restart needs."""
     parent = multiprocessing.parent_process()
 
     def watch() -> None:
         parent.join()  # returns when the parent's end of the pipe closes, however it died
-        for claim in list(_HELD):
-            claim.unlink(missing_ok=True)
         os._exit(1)
 
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
@@ -488,13 +495,9 @@ def run(jobs: list[Job], context: dict[str, Any], workers: int) -> None:
         with multiprocessing.get_context("spawn").Pool(workers, exit_with_parent, maxtasksperchild=4) as pool:
             failures = list(pool.imap_unordered(_run_job, [(job, context) for job in todo]))
     failures = [f for f in failures if f]
-    elsewhere = [
-        j.name for j in todo if not j.path(output).exists() and j.path(output).with_suffix(".claim").exists()
-    ]
+    elsewhere = [j.name for j in todo if not j.path(output).exists() and held_elsewhere(j.path(output))]
     if elsewhere:
-        print(
-            f"claimed by another process, not run here: {elsewhere} (delete their .claim files if none runs)"
-        )
+        print(f"claimed by another process, not run here (it writes their results): {elsewhere}")
     if failures:
         raise SystemExit(f"{len(failures)} job(s) failed:\n" + "\n".join(failures))
 

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -461,10 +462,26 @@ def test_method_study_refuses_a_bad_tuning_file_with_a_usage_error(
     assert error.startswith(f"bench_method_study.py: error: --tuning_file {path}: ") and expected in error
 
 
+def test_method_study_claims_a_job_once_and_not_after_its_result(tmp_path, study):
+    result = tmp_path / "results/seed0/t3d.json"
+    with study.claimed(result) as first:
+        with study.claimed(result) as second:  # another open file: as another process would see it
+            assert first and not second and study.held_elsewhere(result)
+        result.write_text("{}")  # written before the claim is let go
+    assert not result.with_suffix(".claim").exists() and not study.held_elsewhere(result)
+    with study.claimed(result) as late:  # the result is there: nothing to run
+        assert not late
+    result.unlink()
+    result.with_suffix(".claim").touch()  # left by a holder that died: no lock on it
+    with study.claimed(result) as again:
+        assert again
+
+
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc")
-def test_method_study_workers_exit_when_the_study_is_killed(tmp_path):
+def test_method_study_workers_exit_when_the_study_is_killed(tmp_path, study):
     # A killed study (SIGKILL: no cleanup runs) must not leave its pool workers training on the cores, nor their
-    # jobs claimed, or a restart would skip them; a pool without the initializer is the control.
+    # jobs claimed, or a restart would skip them; a pool without the initializer is the control, and its worker,
+    # killed in turn, must not leave its job claimed either.
     script = tmp_path / "study.py"
     script.write_text(
         textwrap.dedent(
@@ -493,26 +510,38 @@ def test_method_study_workers_exit_when_the_study_is_killed(tmp_path):
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(REPO / "benchmarks"), os.environ.get("PYTHONPATH", "")]),
     }
-    workers, claims = {}, {}
+    workers, results = {}, {}
     for case in ("watched", "control"):
         result = tmp_path / case / "t3d.json"
         # stderr to a file: the killed study's resource tracker reports its leaked semaphores there
         with (tmp_path / f"{case}.err").open("w") as stderr:
-            study = subprocess.Popen(
+            parent = subprocess.Popen(
                 [sys.executable, str(script), case, str(result)],
                 stdout=subprocess.PIPE,
                 stderr=stderr,
                 text=True,
                 env=env,
             )
-            line = study.stdout.readline()
-            study.send_signal(signal.SIGKILL)
-            study.wait()
+            line = parent.stdout.readline()
+            parent.send_signal(signal.SIGKILL)
+            parent.wait()
         assert line.strip().isdigit(), (tmp_path / f"{case}.err").read_text()
-        workers[case], claims[case] = int(line), result.with_suffix(".claim")
+        workers[case], results[case] = int(line), result
+
+    def restart_claims(case: str, timeout: float = 30.0) -> bool:
+        # a dead process's lock goes with its last thread, a moment after /proc shows its main thread exited
+        deadline = time.monotonic() + timeout
+        while True:
+            with study.claimed(results[case]) as mine:
+                if mine or time.monotonic() >= deadline:
+                    return mine
+            time.sleep(0.05)
+
     try:
-        assert process_exited(workers["watched"], timeout=30) and not claims["watched"].exists()
-        assert not process_exited(workers["control"]) and claims["control"].exists()
+        assert process_exited(workers["watched"], timeout=30) and restart_claims("watched")
+        assert not process_exited(workers["control"]) and study.held_elsewhere(results["control"])
+        os.kill(workers["control"], signal.SIGKILL)
+        assert process_exited(workers["control"], timeout=30) and restart_claims("control")
     finally:
         for pid in workers.values():
             with contextlib.suppress(ProcessLookupError):
