@@ -421,8 +421,9 @@ def test_method_study_defaults_are_the_tasks_protocol(tmp_path, study, monkeypat
     assert wordsort["learning_rates"]["td"] == 3e-3 and wordsort["learning_rates"]["ddo"] == 1e-3
     wordset = study.task_protocol("wordset")
     before = study.task_protocol("wordset", str(REPO / "benchmarks/protocols/wordset_32000_first.json"))
-    assert before["learning_rates"] == {**wordset["learning_rates"], "t3d": 1e-2}
-    assert wordset["learning_rates"]["t3d"] == 3e-3
+    retuned = {"t3d": 3e-3, "td": 3e-3, "ddo": 3e-3, "redi": 3e-3, "dparallel": 1e-2}
+    assert before["learning_rates"] == {**wordset["learning_rates"], **dict.fromkeys(retuned, 1e-2)}
+    assert {name: wordset["learning_rates"][name] for name in retuned} == retuned
     assert study.default_checkpoints(wordset, tune=True) == [1920, 3840]
     assert study.default_checkpoints(before, tune=True) == [480, 960]
     grid = tmp_path / "tuning_seed100.json"
