@@ -160,7 +160,12 @@ TUNED: dict[str, dict[str, Any]] = {
     # (SFT, reads no teacher output) keep their first-grid choice. benchmarks/protocols/wordset_32000_first.json
     # holds the rates of the first comparisons.
     "wordset": {
-        "learning_rates": {**dict.fromkeys(OBJECTIVES, 3e-3), "dparallel": 1e-2, "t3d_paper": 1e-2, "mdlm": 1e-3},
+        "learning_rates": {
+            **dict.fromkeys(OBJECTIVES, 3e-3),
+            "dparallel": 1e-2,
+            "t3d_paper": 1e-2,
+            "mdlm": 1e-3,
+        },
         "trajectory_temperature": 0.0,
         "num_trajectories": 32000,
         "distill_steps": 3840,
