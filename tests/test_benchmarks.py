@@ -13,11 +13,10 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
-from testing_utils import BENCHMARK_ROWS, process_exited
+from testing_utils import BENCHMARK_ROWS, process_exited, wait_until
 
 from t3d_trl.data.prompts import CODE_PROMPT, MATH_PROMPT
 from t3d_trl.evaluation.benchmarks import (
@@ -489,7 +488,7 @@ def test_method_study_workers_exit_when_the_study_is_killed(tmp_path, study):
             """
             import multiprocessing, os, sys, time
             from pathlib import Path
-            from bench_method_study import claimed, exit_with_parent
+            from bench_method_study import claimed, exit_with_parent, held_elsewhere
 
             def hold(result):
                 with claimed(Path(result)):
@@ -500,7 +499,7 @@ def test_method_study_workers_exit_when_the_study_is_killed(tmp_path, study):
                 with multiprocessing.get_context("spawn").Pool(1, initializer) as pool:
                     pid = pool.apply(os.getpid)
                     pool.apply_async(hold, (sys.argv[2],))
-                    while not Path(sys.argv[2]).with_suffix(".claim").exists():
+                    while not held_elsewhere(Path(sys.argv[2])):  # the worker has the lock, not just the file
                         time.sleep(0.05)
                     print(pid, flush=True)
                     time.sleep(120)
@@ -529,14 +528,13 @@ def test_method_study_workers_exit_when_the_study_is_killed(tmp_path, study):
         assert line.strip().isdigit(), (tmp_path / f"{case}.err").read_text()
         workers[case], results[case] = int(line), result
 
-    def restart_claims(case: str, timeout: float = 30.0) -> bool:
-        # a dead process's lock goes with its last thread, a moment after /proc shows its main thread exited
-        deadline = time.monotonic() + timeout
-        while True:
+    def restart_claims(case: str) -> bool:
+        def claim() -> bool:
             with study.claimed(results[case]) as mine:
-                if mine or time.monotonic() >= deadline:
-                    return mine
-            time.sleep(0.05)
+                return mine
+
+        # a dead process's lock goes with its last thread, a moment after /proc shows its main thread exited
+        return wait_until(claim, timeout=30)
 
     try:
         assert process_exited(workers["watched"], timeout=30) and restart_claims("watched")

@@ -8,7 +8,7 @@ import contextlib
 import socket
 import string
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -25,18 +25,25 @@ CHAT_TEMPLATE = (
 VOCAB_SIZE = 128
 
 
+def wait_until(condition: Callable[[], bool], timeout: float) -> bool:
+    """Poll ``condition`` every 50 ms until it holds or ``timeout`` seconds have passed; its last value."""
+    deadline = time.monotonic() + timeout
+    while not (met := condition()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return met
+
+
 def process_exited(pid: int, timeout: float = 0.0) -> bool:
     """Whether process ``pid`` has exited (gone, or a zombie nobody reaped yet), waiting up to ``timeout`` seconds
     for it to. Reads ``/proc``: tests that call it skip where there is none."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def exited() -> bool:
         try:
-            exited = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in "ZX"
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in "ZX"
         except FileNotFoundError:
-            exited = True
-        if exited or time.monotonic() >= deadline:
-            return exited
-        time.sleep(0.05)
+            return True
+
+    return wait_until(exited, timeout)
 
 
 def free_port() -> int:
