@@ -128,12 +128,12 @@ BASELINES = ("td", "redi", "ddo", "dparallel")
 # extend (t3d).
 TUNED: dict[str, dict[str, Any]] = {
     # Converged but for DDO at its retuned rate: with 32,000 trajectories whole runs of 3,840 -> 7,680 steps gain at
-    # most 0.97 at TokPS 4 at the first rates (TD's), and at these 0.7 or less for every objective but DDO, whose
-    # 1e-3 gains 1.3 (every seed; 0.8 at its first 3e-3), and 1.4 again from 7,680 to 15,360 (T3D 0.4, dParallel
-    # 1.0 there: doubling the default would not meet the rule either). Trajectories at temperature 0.1 (seed 100,
-    # first grid: 91.19 on average against 90.97 greedy and 89.83 at 1.0, a tie by any standard error). Rates: tuned
-    # again at 32,000 trajectories and 3,840 steps (t3d 3e-3 -> 1e-3, td 1e-3 -> 3e-3, ddo 3e-3 -> 1e-3; dparallel
-    # and redi keep theirs); t3d_paper and mdlm (mdlm reads no teacher output) keep their first-grid choice.
+    # most 0.97 at TokPS 4 at the first rates (TD's), and at these 0.7 or less for every objective but DDO, whose 1e-3
+    # gains 1.3 (every seed; 0.8 at its first 3e-3), and 1.4 again from 7,680 to 15,360 (dParallel 1.0, TD 0.6, T3D
+    # and ReDi 0.4 there: doubling the default would not meet the rule either). Trajectories at temperature 0.1 (seed
+    # 100, first grid: 91.19 on average against 90.97 greedy and 89.83 at 1.0, a tie by any standard error). Rates:
+    # tuned again at 32,000 trajectories and 3,840 steps (t3d 3e-3 -> 1e-3, td 1e-3 -> 3e-3, ddo 3e-3 -> 1e-3;
+    # dparallel and redi keep theirs); t3d_paper and mdlm (mdlm reads no teacher output) keep their first-grid choice.
     # benchmarks/protocols/wordsort_32000_first.json holds the rates of the first converged comparison.
     "wordsort": {
         "learning_rates": {
