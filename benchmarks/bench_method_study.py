@@ -35,7 +35,9 @@ Every (seed, model) result is written to ``OUTPUT/results/seed<S>/<name>.json`` 
 grid) as soon as it is measured and reused on a rerun, so a study resumes (a rerun asking for another rate,
 temperature, number of trajectories, batch size or checkpoints stops and names the results that differ, rather
 than mixing them into its means); ``--workers`` trains that many models at once (one single-threaded process
-each; by default one per core). The last line printed is one JSON object with the means over ``--seeds``:
+each; by default one per core); ``--torch_compile`` trains with ``torch.compile`` (about 1.3x faster per run on a
+CPU, not bit-identical to the eager runs the docs report; each result records it). The last line printed is one
+JSON object with the means over ``--seeds``:
 
     python benchmarks/bench_method_study.py --seeds 0 1 2                               # wordsort
     python benchmarks/bench_method_study.py --task wordset --seeds 0 1 2
@@ -416,6 +418,7 @@ def _measure_job(job: Job, context: dict[str, Any], path: Path) -> dict[str, Any
             work,
             callbacks=[curve],
             disable_tqdm=True,
+            torch_compile=context["torch_compile"],
             **trainer,
         )
         if curve.missing():
@@ -423,6 +426,7 @@ def _measure_job(job: Job, context: dict[str, Any], path: Path) -> dict[str, Any
         result |= curve.results[max(checkpoints)]  # the final model is the last checkpoint
         result["curve"] = {str(step): curve.results[step] for step in checkpoints}
         result["steps"] = max(checkpoints)
+        result["torch_compile"] = context["torch_compile"]
     result["total_s"] = round(time.perf_counter() - start, 1)
     result["device"] = context["device"]
     partial = path.with_suffix(".partial")
@@ -913,6 +917,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
     parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     parser.add_argument(
+        "--torch_compile",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="train the students with torch.compile (transformers' torch_compile)",
+    )
+    parser.add_argument(
         "--quick", action="store_true", help="tiny budgets and a freshly trained tiny teacher"
     )
     args = parser.parse_args()
@@ -961,6 +971,7 @@ def main() -> None:
         "checkpoints": sorted(set(args.checkpoints or default_checkpoints(protocol, args.tune))),
         "threads": args.threads,
         "device": device,
+        "torch_compile": args.torch_compile,
     }
     variants = args.variants or protocol.get("variants", DEFAULT_VARIANTS)
     unknown = [n for n in variants if n != "teacher" and n not in MAIN]

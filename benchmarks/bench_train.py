@@ -15,9 +15,16 @@ rank 16 on every attention and MLP projection.
   data already loaded) to the end of training; the figure is the peak minus that baseline, so it holds the
   reference copy, gradients, optimizer state, activations and allocator slack of training, not the libraries.
 
+* ``--model demo``: the method study's setting instead: the packaged ``wordsort`` teacher (block-causal, hidden
+  64, 0.24M parameters, vocabulary 42), prompts of 8 and completions of 32 tokens, batch 32.
+* ``--compile``: also T3D with ``torch_compile=True`` (transformers' flag: the student and its reference are
+  compiled by Inductor), alternated with the eager T3D children; the compile happens in the first steps, outside
+  the median. Its mean training loss must match the eager run's (same data and seed; compiled kernels may round
+  differently).
+
 Usage::
 
-    python benchmarks/bench_train.py [--steps 12] [--repeats 3]
+    python benchmarks/bench_train.py [--steps 12] [--repeats 3] [--compile] [--model demo]
 
 The last line printed is one JSON object with the figures.
 """
@@ -34,11 +41,13 @@ import tempfile
 import threading
 import time
 
-PROMPT, COMPLETION, BATCH = 32, 64, 4
+# (prompt tokens, completion tokens, batch) per --model
+SHAPES = {"qwen3-13m": (32, 64, 4), "demo": (8, 32, 32)}
 CONFIGS = {
     "t3d": {"loss_type": "t3d", "lora": False},
     "td": {"loss_type": "td", "lora": False},
     "t3d_lora": {"loss_type": "t3d", "lora": True},
+    "t3d_compiled": {"loss_type": "t3d", "lora": False, "compile": True},
 }
 
 
@@ -59,19 +68,17 @@ class _PeakRSS(threading.Thread):
             time.sleep(0.002)
 
 
-def worker(name: str, steps: int) -> dict:
-    import datasets
-    import numpy as np
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM, TrainerCallback
+def build_model(kind: str):
+    """The model of ``--model``: a fresh 13.2M-parameter bidirectional Qwen3, or the packaged demo teacher."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from t3d_trl import DiffusionConfig, T3DConfig, T3DTrainer, add_diffusion_generation
+    from t3d_trl import AutoModelForDiffusionLM, DiffusionConfig, add_diffusion_generation
+    from t3d_trl.demo.quickstart import PACKAGED_TEACHERS
 
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    vocab, mask_id, block = 8192, 3, 4
+    if kind == "demo":
+        return AutoModelForDiffusionLM.from_pretrained(str(PACKAGED_TEACHERS / "wordsort"))
     config = Qwen3Config(
-        vocab_size=vocab,
+        vocab_size=8192,
         hidden_size=384,
         intermediate_size=1152,
         num_hidden_layers=4,
@@ -85,15 +92,31 @@ def worker(name: str, steps: int) -> dict:
     )
     model = Qwen3ForCausalLM(config)
     model.config.is_causal = False
-    add_diffusion_generation(model, DiffusionConfig(mask_token_id=mask_id))
+    add_diffusion_generation(model, DiffusionConfig(mask_token_id=3))
+    return model
+
+
+def worker(name: str, steps: int, kind: str) -> dict:
+    import datasets
+    import numpy as np
+    import torch
+    from transformers import TrainerCallback
+
+    from t3d_trl import T3DConfig, T3DTrainer
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = build_model(kind)
+    vocab, block = model.config.vocab_size, 4
+    prompt, completion, batch = SHAPES[kind]
     rng = np.random.default_rng(0)
     rows = []
     for i in range(64):
-        order = np.concatenate([b * block + 1 + rng.permutation(block) for b in range(COMPLETION // block)])
+        order = np.concatenate([b * block + 1 + rng.permutation(block) for b in range(completion // block)])
         rows.append(
             {
-                "prompt_ids": rng.integers(10, vocab, PROMPT).tolist(),
-                "completion_ids": rng.integers(10, vocab, COMPLETION).tolist(),
+                "prompt_ids": rng.integers(10, vocab, prompt).tolist(),
+                "completion_ids": rng.integers(10, vocab, completion).tolist(),
                 "decode_step": order.tolist(),
                 "id": str(i),
             }
@@ -124,7 +147,7 @@ def worker(name: str, steps: int) -> dict:
             output_dir=out,
             loss_type=spec["loss_type"],
             max_steps=steps,
-            per_device_train_batch_size=BATCH,
+            per_device_train_batch_size=batch,
             learning_rate=1e-4,
             block_length=block,
             activation_checkpointing=False,
@@ -134,9 +157,10 @@ def worker(name: str, steps: int) -> dict:
             disable_tqdm=True,
             use_cpu=True,
             dataloader_pin_memory=False,
+            torch_compile=spec.get("compile", False),
         )
         trainer = T3DTrainer(model, args, train_dataset=dataset, callbacks=[Clock()], peft_config=peft_config)
-        trainer.train()
+        loss = trainer.train().training_loss
     sampler.running = False
     sampler.join()
     return {
@@ -144,6 +168,7 @@ def worker(name: str, steps: int) -> dict:
         "step_s": statistics.median(times[2:]),
         "peak_mib": (sampler.peak - baseline) / 2**20,
         "steps": len(times),
+        "loss": loss,
     }
 
 
@@ -152,9 +177,9 @@ def ratio(a: float, b: float) -> float | None:
     return round(a / b, 3) if b else None
 
 
-def run_child(name: str, steps: int) -> dict:
+def run_child(name: str, steps: int, kind: str) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    command = [sys.executable, __file__, "--worker", name, "--steps", str(steps)]
+    command = [sys.executable, __file__, "--worker", name, "--steps", str(steps), "--model", kind]
     out = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise RuntimeError(f"{name} failed:\n{out.stderr[-3000:]}")
@@ -167,6 +192,13 @@ def main() -> None:
         "--steps", type=int, default=12, help="optimizer steps per child (the first 2 are warm-up)"
     )
     parser.add_argument("--repeats", type=int, default=3, help="t3d/td children, alternated")
+    parser.add_argument("--compile", action="store_true", help="also T3D with torch_compile=True")
+    parser.add_argument(
+        "--model",
+        choices=sorted(SHAPES),
+        default="qwen3-13m",
+        help="demo: the method study's model and shapes",
+    )
     parser.add_argument("--worker", choices=sorted(CONFIGS), help=argparse.SUPPRESS)
     parser.add_argument(
         "--quick",
@@ -177,25 +209,26 @@ def main() -> None:
     if options.quick:
         options.steps, options.repeats = 3, 1
     if options.worker:
-        print(json.dumps(worker(options.worker, options.steps)))
+        print(json.dumps(worker(options.worker, options.steps, options.model)))
         return
 
     # --quick runs the workers in this process: no child start-up, and peak memory that means nothing.
     run = worker if options.quick else run_child
-    results: dict[str, list[dict]] = {name: [] for name in CONFIGS}
+    names = [name for name in CONFIGS if options.compile or name != "t3d_compiled"]
+    results: dict[str, list[dict]] = {name: [] for name in names}
     for _ in range(options.repeats):
-        for name in ("t3d", "td"):
-            results[name].append(run(name, options.steps))
-    results["t3d_lora"].append(run("t3d_lora", options.steps))
+        for name in ("t3d", "td", "t3d_compiled")[: 3 if options.compile else 2]:
+            results[name].append(run(name, options.steps, options.model))
+    results["t3d_lora"].append(run("t3d_lora", options.steps, options.model))
 
     def median(name: str, key: str) -> float:
         return statistics.median(r[key] for r in results[name])
 
-    step = {name: median(name, "step_s") for name in CONFIGS}
-    peak = {name: median(name, "peak_mib") for name in CONFIGS}
-    print(f"{'config':<10} {'step (s)':>10} {'peak RSS growth (MiB)':>22}")
-    for name in CONFIGS:
-        print(f"{name:<10} {step[name]:>10.3f} {peak[name]:>22.1f}")
+    step = {name: median(name, "step_s") for name in names}
+    peak = {name: median(name, "peak_mib") for name in names}
+    print(f"{'config':<12} {'step (s)':>10} {'peak RSS growth (MiB)':>22}")
+    for name in names:
+        print(f"{name:<12} {step[name]:>10.3f} {peak[name]:>22.1f}")
     summary = {
         "t3d_over_td_step_time": ratio(step["t3d"], step["td"]),
         "t3d_over_td_peak_memory": ratio(peak["t3d"], peak["td"]),
@@ -205,7 +238,13 @@ def main() -> None:
         "runs": {k: [round(r["step_s"], 4) for r in v] for k, v in results.items()},
         "steps": options.steps,
         "repeats": options.repeats,
+        "model": options.model,
     }
+    if options.compile:
+        eager_loss = results["t3d"][0]["loss"]
+        summary["compiled_over_eager_step_time"] = ratio(step["t3d_compiled"], step["t3d"])
+        summary["compiled_loss_rel_diff"] = abs(results["t3d_compiled"][0]["loss"] - eager_loss) / eager_loss
+        print(f"compiled / eager t3d step time: {summary['compiled_over_eager_step_time']}x")
     print(
         f"t3d / td step time: {summary['t3d_over_td_step_time']}x (target <= 1.4; reference code design ~2)"
     )

@@ -350,6 +350,14 @@ def test_throughput_benchmark_compile_runs_on_the_cpu():
     assert "compiled tok/s" in printed
 
 
+@pytest.mark.slow
+def test_train_benchmark_compile_measures_the_study_model_at_the_eager_loss():
+    result, printed = run_quick(REPO / "benchmarks" / "bench_train.py", "--compile", "--model", "demo")
+    assert result["model"] == "demo" and set(result["step_s"]) == {"t3d", "td", "t3d_lora", "t3d_compiled"}
+    assert result["compiled_over_eager_step_time"] > 0 and result["compiled_loss_rel_diff"] <= 1e-4
+    assert "compiled / eager t3d step time" in printed
+
+
 @pytest.fixture
 def study(monkeypatch):
     """``benchmarks/bench_method_study.py`` as a module."""

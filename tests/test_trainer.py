@@ -354,6 +354,33 @@ def test_saved_model_samples_with_the_distilled_budget(tokenizer, trajectories, 
     assert "| tokens per step | 2 |" in card and '"loss_type": "t3d"' in card
 
 
+@pytest.mark.parametrize("loss_type", ["t3d", "dparallel"])
+def test_torch_compile_trains_the_same_model_and_saves_it_unwrapped(
+    tokenizer, trajectories, tmp_path, loss_type
+):
+    # transformers' ``torch_compile`` wraps the student in an OptimizedModule; the "eager" backend traces it the
+    # same way without generating kernels, so the losses must match the uncompiled run's.
+    data = trajectories["block_causal"]
+    steps = dict(loss_type=loss_type, max_steps=4, ref_sync_steps=2)  # T3D's reference is synced mid-run
+    plain = train(tokenizer, data, config(tmp_path / "plain", **steps), "block_causal")
+    args = config(
+        tmp_path / "compiled",
+        **steps,
+        torch_compile=True,
+        torch_compile_backend="eager",
+    )
+    compiled = train(tokenizer, data, args, "block_causal")
+    assert type(compiled.model_wrapped).__name__ == "OptimizedModule"
+    if loss_type == "t3d":  # accelerate prepares the reference like the student
+        assert type(compiled.ref_model).__name__ == "OptimizedModule"
+    assert logged(compiled) == pytest.approx(logged(plain), rel=1e-5)
+    compiled.save_model()
+    loaded = AutoModelForDiffusionLM.from_pretrained(args.output_dir)
+    trained = unwrap_model(compiled.model).state_dict()
+    assert loaded.state_dict().keys() == trained.keys()
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in trained.items())
+
+
 def test_model_card_lists_every_t3d_setting_that_differs_from_its_default(tokenizer, trajectories, tmp_path):
     def card(**overrides) -> str:
         args = config(tmp_path, **overrides)

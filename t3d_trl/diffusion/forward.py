@@ -20,9 +20,12 @@ from .config import DiffusionConfig
 
 
 def unwrap_model(model: torch.nn.Module) -> PreTrainedModel:
-    """The transformers model inside DDP / DeepSpeed (``.module``) and ``peft`` (``get_base_model``) wrappers."""
+    """The transformers model inside DDP / DeepSpeed (``.module``), ``torch.compile`` (``._orig_mod``) and ``peft``
+    (``get_base_model``) wrappers."""
     while not isinstance(model, PreTrainedModel):
-        if callable(getattr(model, "get_base_model", None)):
+        if isinstance(getattr(model, "_orig_mod", None), torch.nn.Module):
+            model = model._orig_mod
+        elif callable(getattr(model, "get_base_model", None)):
             model = model.get_base_model()
         elif isinstance(getattr(model, "module", None), torch.nn.Module):
             model = model.module
