@@ -214,10 +214,11 @@ def main() -> None:
 
     # --quick runs the workers in this process: no child start-up, and peak memory that means nothing.
     run = worker if options.quick else run_child
-    names = [name for name in CONFIGS if options.compile or name != "t3d_compiled"]
+    alternated = ["t3d", "td", *(["t3d_compiled"] if options.compile else [])]
+    names = [*alternated, "t3d_lora"]
     results: dict[str, list[dict]] = {name: [] for name in names}
     for _ in range(options.repeats):
-        for name in ("t3d", "td", "t3d_compiled")[: 3 if options.compile else 2]:
+        for name in alternated:
             results[name].append(run(name, options.steps, options.model))
     results["t3d_lora"].append(run("t3d_lora", options.steps, options.model))
 
