@@ -33,6 +33,18 @@ DATA_FILE_BUILDERS = {
 }
 
 
+def load_data_folder(path: str | os.PathLike, split: str = "train") -> Any:
+    """A local folder of data files as ``datasets.load_dataset`` reads it; a folder it cannot read as a dataset
+    (say, a model folder passed by mistake) raises ``ValueError`` naming it instead of ``datasets``' traceback."""
+    import datasets
+
+    try:
+        return datasets.load_dataset(str(path), split=split)
+    except datasets.exceptions.DatasetGenerationError as err:
+        cause = err.__cause__ or err
+        raise ValueError(f"cannot read the folder {str(path)!r} as a dataset: {cause}") from err
+
+
 def load_data_file(path: str | os.PathLike, split: str = "train") -> Any:
     """A local ``.json``/``.jsonl``/``.parquet``/``.csv``/``.arrow`` file as a ``datasets.Dataset``.
 

@@ -334,3 +334,16 @@ def test_cli_trajectories_mode_and_bad_block_length(tmp_path, capsys):
     )
     assert main(["analyze", "--model", teacher, "--task", "sort2", "--samples", "0"]) == 2
     assert capsys.readouterr().err.splitlines()[-1] == "t3d-trl analyze: --samples must be positive, got 0"
+    # A second model that does not match the trajectories is refused before the first one's estimate.
+    from t3d_trl.demo.quickstart import PACKAGED_TEACHERS
+
+    mixed = ["analyze", "--model", f"a={teacher}", "--model", f"b={PACKAGED_TEACHERS / 'wordsort'}"]
+    assert main([*mixed, "--trajectories", str(tmp_path / "trajectories"), "--output_dir", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert "estimating TC" not in captured.out
+    assert captured.err.splitlines()[-1].startswith(
+        "t3d-trl analyze: model 'b': the model (attention='block_causal'"
+    )
+    # A model of another task on this task's prompts: refused, not measured on unknown tokens.
+    assert main(["analyze", "--model", str(PACKAGED_TEACHERS / "wordsort"), "--task", "sort2"]) == 2
+    assert "its tokenizer does not know the sort2 task's tokens" in capsys.readouterr().err

@@ -42,6 +42,8 @@ def test_resume_takes_the_last_checkpoint_that_loads(tmp_path, caplog):
     assert checkpoints.checkpoint_problem(six).startswith(f"{weights} is damaged")
     with pytest.raises(ValueError, match=r"cannot resume from .*checkpoint-6: .* is damaged"):
         checkpoints.resume_checkpoint(tmp_path, str(six))  # named explicitly, it must load too
+    with pytest.raises(ValueError, match=r"cannot resume from .*checkpoint-99: .*no such checkpoint folder"):
+        checkpoints.resume_checkpoint(tmp_path, str(tmp_path / "checkpoint-99"))  # a typo: not "interrupted"
 
 
 def test_no_checkpoint_to_resume_from_is_one_error(tmp_path):

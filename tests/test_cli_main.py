@@ -92,6 +92,9 @@ def test_collection_errors_name_the_collection(teacher, tmp_path, capsys):
     (out / "collection.json").write_text('{"metadata": ')
     assert main(collect_argv(teacher, str(data), str(out))) == 2  # was a JSONDecodeError without a path
     assert f"{out / 'collection.json'} is not valid JSON" in one_line_error(capsys, "collect")
+    (tmp_path / "a-file").write_text("x")  # an output folder that is a file: one line, not a traceback
+    assert main(collect_argv(teacher, str(data), str(tmp_path / "a-file"))) == 2
+    assert "Not a directory" in one_line_error(capsys, "collect")
 
 
 def test_empty_saved_dataset_in_train(teacher, tmp_path, capsys):

@@ -121,24 +121,37 @@ def test_flags_override_the_recipe_and_bad_recipes_exit_2(files, tmp_path, capsy
 
     assert main(["train", "--config", write_yaml(tmp_path / "bad.yaml", {**recipe, "betta": 0.2})]) == 2
     assert "betta" in capsys.readouterr().err
+    # A recipe value is read as its flag's would be: a wrong type or choice is one line, before anything runs.
+    for key, value, message in [
+        ("max_steps", 2.5, "recipe key max_steps: invalid value 2.5"),
+        ("dtype", "float33", "recipe key dtype: invalid choice 'float33' (choose from"),
+        ("save_strategy", False, "YAML reads an unquoted no/yes/on/off as a boolean: quote it"),
+    ]:
+        bad = write_yaml(tmp_path / "typed.yaml", {**recipe, key: value})
+        assert message in failure(["train", "--config", bad], capsys)
+        assert message in failure(["train", f"--config={bad}"], capsys)  # the `=` form reads the same recipe
+    message = failure(["train", "--config", path, "--config", path], capsys)
+    assert "--config is given twice" in message
+    # A folder written by collect has no splits: its rows would be the evaluation rows too.
+    message = failure(["train", "--config", path, "--eval_split", "test", "--eval_strategy", "steps"], capsys)
+    assert "eval_split 'test'" in message and "one dataset without splits" in message
     del recipe["dataset_name"]
     assert main(["train", "--config", write_yaml(tmp_path / "none.yaml", recipe)]) == 2
     assert "dataset_name" in capsys.readouterr().err
 
 
-@pytest.mark.slow
-@pytest.mark.multiprocess
-def test_fsdp_on_cpu_processes_is_refused_not_trained_as_copies(files, tmp_path, capfd):
+def test_fsdp_on_cpu_processes_is_refused_before_the_launch(files, tmp_path, capfd):
     # The FSDP config switched to the CPU (issue 15): accelerate cannot shard CPU processes. Before, both processes
-    # trained their own copy and both saved; now each stops with the reason before training.
+    # trained their own copy and both saved; the trainer refuses that launch (tests/test_trainer.py), and the
+    # command refuses the config before it starts any process, in one line.
     launcher = yaml.safe_load(
         (Path(__file__).resolve().parents[1] / "recipes/accelerate/fsdp.yaml").read_text()
     )
     launcher.update(use_cpu=True, num_processes=2, mixed_precision="no", main_process_port=free_port())
-    assert main(["train", "--config", launch_recipe(files, tmp_path, "fsdp", launcher)]) != 0
+    assert main(["train", "--config", launch_recipe(files, tmp_path, "fsdp", launcher)]) == 2
     err = capfd.readouterr().err
-    assert "asked for FSDP but accelerate set up MULTI_CPU" in err
-    assert not (tmp_path / "fsdp" / "model.safetensors").exists()
+    assert "runs FSDP, which accelerate sets up on GPUs only" in err and "Traceback" not in err
+    assert not (tmp_path / "fsdp").exists()
 
 
 def failure(argv: list[str], capsys) -> str:
@@ -243,3 +256,15 @@ def test_a_truncated_trajectory_file_is_named_in_one_line(files, tmp_path, capsy
     message = failure(["train", "--config", path], capsys)
     assert message.startswith(f"t3d-trl train: {data_dir}: {arrow.name} is damaged")
     assert "no shards to rebuild it from" in message  # saved with save_to_disk, not collected here
+
+
+def test_a_logger_that_is_not_installed_is_refused_before_loading(files, tmp_path, capsys, monkeypatch):
+    import transformers.integrations
+
+    monkeypatch.setattr(
+        transformers.integrations, "get_available_reporting_integrations", lambda: ["tensorboard"]
+    )
+    path = write_yaml(tmp_path / "recipe.yaml", one_process_recipe(files, tmp_path))
+    message = failure(["train", "--config", path, "--report_to", "wandb"], capsys)
+    assert "report_to ['wandb']: not installed (pip install wandb)" in message
+    assert not (tmp_path / "o").exists()

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from fast_dllm_port import fast_dllm_generate
 from testing_utils import build_bidirectional_model, build_block_causal_model, build_modernbert_model
+from transformers import GenerationConfig
 
 from t3d_trl import DiffusionGenerationConfig
 from t3d_trl.generation.remasking import select_dynamic, select_static, transfer_schedule
@@ -279,6 +281,17 @@ def test_shifted_logits_read_the_previous_position(tokenizer):
         (dict(threshold=0.9, remasking="random"), "remasking='random' has no probability score"),
         (dict(max_new_tokens=256, block_length=4), "exceeds the model's max_position_embeddings=256"),
         (dict(unknown_flag=1), "unknown generation settings: ['unknown_flag']"),
+        (dict(max_new_tokens="8"), "max_new_tokens must be an integer, got '8' (str)"),
+        (dict(temperature="0.5"), "temperature must be a number, got '0.5' (str)"),
+        (
+            dict(generation_config={"max_new_tokens": 8, "tokens": 1}),
+            "unknown keys in diffusion generation config",
+        ),
+        (
+            dict(generation_config=GenerationConfig()),
+            "got GenerationConfig (transformers' autoregressive settings)",
+        ),
+        (dict(token_type_ids=torch.ones(4, 1, dtype=torch.long)), "token_type_ids marks a second segment"),
     ],
 )
 def test_bad_settings_name_the_value(tokenizer, settings, message):
@@ -299,6 +312,8 @@ def test_right_padded_batch_is_refused(tokenizer):
 def test_bad_shapes_are_refused(tokenizer):
     model = build_bidirectional_model(tokenizer)
     ids = tokenizer(["hello"], return_tensors="pt").input_ids
+    with pytest.raises(TypeError, match="input_ids must be a torch.Tensor, got list"):
+        model.diffusion_generate(ids.tolist(), max_new_tokens=4)
     with pytest.raises(ValueError, match=r"input_ids must be \[batch, prompt_len\], got shape \(5,\)"):
         model.diffusion_generate(ids[0], max_new_tokens=4)
     with pytest.raises(ValueError, match="differs from input_ids shape"):
@@ -313,6 +328,46 @@ def test_generation_config_object_and_overrides(tokenizer):
     b = model.diffusion_generate(input_ids, attention_mask, generation_config=config, tokens_per_step=1)
     assert torch.equal(a, b)  # 8 steps over 2 blocks of 4 = one token per step
     assert config.steps == 8  # overrides never mutate the caller's config
+    # A dict is a whole config; numpy numbers are plain ones (the config saves as JSON).
+    c = model.diffusion_generate(
+        input_ids, attention_mask, generation_config={**config.to_dict(), "steps": np.int64(8)}
+    )
+    assert torch.equal(a, c)
+    assert (
+        type(DiffusionGenerationConfig(max_new_tokens=np.int64(8), threshold=np.float32(0.5)).max_new_tokens)
+        is int
+    )
+    # A BERT-style tokenizer's batch (token_type_ids of zeros) can be passed whole.
+    batch = {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "token_type_ids": torch.zeros_like(input_ids),
+    }
+    assert torch.equal(a, model.diffusion_generate(**batch, generation_config=config))
+
+
+@pytest.mark.parametrize("kind", list(BUILDERS))
+def test_a_mask_token_in_the_prompt_is_never_decoded(tokenizer, kind):
+    # The block-causal layout shares the first block with the prompt's tail: only generated positions in it
+    # are decoded, within the block's steps.
+    model = BUILDERS[kind](tokenizer)
+    mask_id = model.diffusion_config.mask_token_id
+    ids = torch.tensor([tokenizer("hello").input_ids[:5] + [mask_id]])  # 6 tokens: a block-causal tail of 2
+    tail = ids.shape[1] % 4 if kind == "block_causal" else 0
+    assert kind != "block_causal" or tail  # the prompt's mask shares a block with generated positions
+    out = model.diffusion_generate(
+        ids,
+        max_new_tokens=8,
+        block_length=4,
+        tokens_per_step=1,
+        stop_at_eos=False,
+        return_dict_in_generate=True,
+    )
+    assert torch.equal(out.sequences[:, : ids.shape[1]], ids)
+    steps = out.decode_steps[0].tolist()
+    # Each generated token is committed at a step of its own block (4 steps per block), one per forward pass.
+    assert [(step - 1) // 4 for step in steps] == [(tail + j) // 4 for j in range(8)]
+    assert int(out.nfe[0]) == len(set(steps)) == 8
 
 
 def _varied_model(tokenizer, shift_logits: bool = False):

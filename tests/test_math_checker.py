@@ -49,6 +49,7 @@ ANSWER_PAIRS = [
     (r"10\text{ cm}", "10", True),
     ("10", "10 cm", True),
     ("18", "18 dollars", True),
+    ("18", r"\text{18 dollars}", True),
     (r"\$5", "5", True),
     ("5", "$5.00", True),
     (r"30^\circ", "30", True),
@@ -74,6 +75,9 @@ ANSWER_PAIRS = [
     ("x+1", "x-1", False),
     (r"\text{(C)}", "(B)", False),
     ("#### 1,234", "1243", False),
+    ("3", "3 million", False),  # a magnitude word changes the value: not a unit to strip
+    ("5", "5 hundred", False),
+    ("2", "2 squared", False),
     ("1234", "", False),
     # digit groups with LaTeX spacing (MATH500 item 217 and its kind)
     (r"11,\! 111,\! 111,\! 100", "11111111100", True),

@@ -117,6 +117,19 @@ def test_playground_command_binds_locally_and_checks_models_first(monkeypatch, c
     assert "t3d-trl playground: model '/no/such/folder': no such folder" in capsys.readouterr().err
     assert main(["playground", "--columns", "sort2:speed=2"]) == 2
     assert "'speed=2' is not key=value" in capsys.readouterr().err
+    # Whatever the page would fail on later is refused before it is served.
+    launched.clear()
+    for argv, message in [
+        (["--columns", "nomodel:tokens_per_step=1"], "model 'nomodel': no such folder"),
+        (
+            ["--trajectories", "/no/such/trajectories"],
+            "trajectories: '/no/such/trajectories' is no file or folder",
+        ),
+        (["--dtype", "float33"], "invalid choice: 'float33'"),
+    ]:
+        assert main(["playground", *argv]) == 2
+        assert message in capsys.readouterr().err
+    assert launched == {}
 
 
 def test_replay_tab_animates_a_stored_trajectory(tmp_path, tokenizer):

@@ -72,7 +72,7 @@ def parse(monkeypatch):
     monkeypatch.setattr(collect_cli, "run", lambda config: captured.update(value=config) or [])
     monkeypatch.setattr(train_cli, "run", lambda *parsed: captured.update(value=parsed) or "")
     # The paper's models, data and DeepSpeed are not here: the input checks are tests/test_cli_checks.py's.
-    monkeypatch.setattr(train_cli, "check_inputs", lambda model_args, data: None)
+    monkeypatch.setattr(train_cli, "check_inputs", lambda model_args, data, args: None)
     monkeypatch.setattr(train_cli, "_relaunch", lambda config, argv: captured.update(launch=config) or 0)
     monkeypatch.setattr(report, "accuracy_table", lambda results: "")
     monkeypatch.setattr(

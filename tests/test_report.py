@@ -77,6 +77,8 @@ def test_missing_cells_and_empty_results(results):
     rows = rows_of(accuracy_table(partial), "TokPS = 2")
     assert rows["t3d"][:4] == ["60.00 ± 1.00", "–", "60.00 ± 1.00", "–"]
     assert rows["t3d"][4] == "60.00"  # the mean of the cells present
+    # Gain over the cells both models have (MATH500: 60 against 40), not 60 against the original's 50.
+    assert rows["t3d"][5] == "+50.00"
     with pytest.raises(ValueError, match="no results"):
         accuracy_table([])
 

@@ -132,3 +132,42 @@ def test_rerun_evaluates_a_retrained_model_again(saved_model, benchmark_files, t
     assert "skipping" not in caplog.text
     (entry,) = json.loads((output / "results.json").read_text())["results"]  # replaced, not duplicated
     assert entry["model_fingerprint"] == model_fingerprint(str(path)) != recorded
+
+
+def test_rerun_with_another_code_extraction_rule_evaluates_again(
+    saved_model, benchmark_files, tmp_path, monkeypatch
+):
+    _, path = saved_model
+    rules: list[str] = []
+    real = runner.evaluate_model
+
+    def recording(*args, **kwargs):
+        rules.append(args[2].code_extraction)  # the benchmark, with the grid's rule
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "evaluate_model", recording)
+
+    def grid(rule):
+        return runner.run_grid(
+            {"m": str(path)},
+            ["mbpp"],
+            block_lengths=[4],
+            tokens_per_step=[4],
+            generation_kwargs={"max_new_tokens": 4},
+            data_files={"mbpp": benchmark_files["mbpp"]},
+            output_dir=tmp_path / "eval",
+            progress=False,
+            device="cpu",
+            code_extraction=rule,
+        )
+
+    grid(None)
+    grid("entry_point")  # the default rule, named: the same runs
+    assert len(rules) == 1
+    grid("last_block")  # another rule: the scores would differ, so the run is evaluated again
+    grid("last_block")
+    assert rules == ["entry_point", "last_block"]
+    (entry,) = json.loads((tmp_path / "eval" / "results.json").read_text())["results"]
+    assert entry["run_key"]["code_extraction"] == "last_block"
+    with pytest.raises(ValueError, match="code_extraction must be one of"):
+        grid("lastblock")

@@ -9,7 +9,7 @@ import statistics
 
 import pytest
 import torch
-from testing_utils import BENCHMARK_ROWS, build_block_causal_model
+from testing_utils import BENCHMARK_ROWS, build_block_causal_model, registered_benchmark
 
 from t3d_trl import DiffusionGenerationConfig, DiffusionGenerationOutput
 from t3d_trl.data.prompts import render_prompt
@@ -170,6 +170,26 @@ def test_custom_benchmark_by_name(tokenizer, tmp_path):
     assert result.benchmark == "Capitals"
     assert [r.correct for r in result.records] == [True, False] and result.metrics["accuracy"] == 0.5
     assert "Capital of France?" in result.records[0].prompt
+
+
+def test_a_benchmark_without_examples_is_refused_before_any_generation(tokenizer, benchmark_files, tmp_path):
+    empty = Benchmark(
+        name="Empty", path="me/empty", checker=lambda completions, examples: [], rows=lambda: []
+    )
+    model = ScriptedModel(tokenizer, GSM8K_SCRIPTS)
+    with (
+        registered_benchmark("empty-test", empty),
+        pytest.raises(ValueError, match="'Empty' has no examples"),
+    ):
+        run_grid(
+            {"m": model},
+            ["gsm8k", "empty-test"],  # the good benchmark first: it must not run either
+            tokenizer=tokenizer,
+            data_files={"gsm8k": benchmark_files["gsm8k"]},
+            output_dir=tmp_path / "eval",
+            progress=False,
+        )
+    assert model.batches == [] and not (tmp_path / "eval").exists()
 
 
 def test_argument_errors_and_greedy_sampling_warning(tokenizer, benchmark_files, caplog):

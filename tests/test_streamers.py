@@ -122,6 +122,30 @@ def test_iterator_streamer_hands_the_steps_to_another_thread(tokenizer):
     assert len(steps) == int(result["out"].nfe[0]) and steps[-1].nfe.tolist() == result["out"].nfe.tolist()
 
 
+def test_iterator_streamer_ends_when_generation_fails(tokenizer):
+    # Otherwise the consumer of a failed generation would wait forever (the default timeout is None).
+    model = build_block_causal_model(tokenizer)
+    streamer = DiffusionIteratorStreamer(timeout=30)  # without the end, queue.Empty after 30 s (not a hang)
+    errors = []
+
+    def run():
+        try:
+            model.diffusion_generate(
+                tokenizer(["hi"], return_tensors="pt").input_ids,
+                max_new_tokens=10,
+                block_length=4,
+                streamer=streamer,
+            )
+        except ValueError as err:
+            errors.append(str(err))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    assert list(streamer) == []
+    thread.join()
+    assert errors == ["max_new_tokens=10 is not a multiple of block_length=4"]
+
+
 def test_token_pieces_separator_follows_the_tokenizer(tokenizer):
     from transformers import AutoTokenizer
 

@@ -45,6 +45,18 @@ def test_sampling_is_deterministic_with_fixed_lengths_and_valid_answers(name):
     assert len({valid.index(answer) for valid, answer in listed}) >= 2
 
 
+@pytest.mark.parametrize("name", sorted(DEMO_TASKS))
+def test_every_task_has_a_full_test_split_held_out_where_its_prompts_allow(name):
+    task = get_task(name)
+    test = task.split("test")
+    assert len(test) == 256 and test[:16] == task.split("test", 16)
+    train = {row["prompt"] for row in task.split("train")}
+    overlap = sum(row["prompt"] in train for row in test)
+    # words (16 prompts) and add (900) are covered by their 4,096 training rows: their test repeats them.
+    assert (overlap == 0) if task.held_out_prompts else (overlap > 200)
+    assert task.held_out_prompts == (name not in ("words", "add"))
+
+
 def test_sort2_accepts_both_orders_and_rejects_near_misses():
     task = get_task("sort2")
     prompt = "h c a p e b k f ="
@@ -62,6 +74,9 @@ def test_sort2_accepts_both_orders_and_rejects_near_misses():
     ]
     for completion in near_misses:
         assert not task.is_valid(prompt, completion), completion
+    for bad in ("= a b c d e f g h", "a a b c d e f g ="):  # "=" first, a letter twice
+        with pytest.raises(ValueError, match="is not a sort2 prompt"):
+            task.valid_answers(bad)
 
 
 def test_words_accepts_every_pair_of_words_and_rejects_mixtures():

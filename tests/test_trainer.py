@@ -27,6 +27,7 @@ from t3d_trl.models.forward import unwrap_model
 from t3d_trl.trainer import T3DConfig, T3DTrainer
 from t3d_trl.trainer.reference import REFERENCE_FILE
 from t3d_trl.trainer.student_states import decoding_blocks, teacher_rollout
+from t3d_trl.trainer.t3d_config import REFERENCE_LOSSES
 
 PROMPTS = ["hello", "what is 2+2", "abc", "the cat sat"]
 BUILDERS = {"bidirectional": build_bidirectional_model, "block_causal": build_block_causal_model}
@@ -52,8 +53,9 @@ def config(tmp_path, **overrides) -> T3DConfig:
         report_to="none",
         activation_checkpointing=False,
         disable_tqdm=True,
-        ref_sync_steps=100,
     )
+    if overrides.get("loss_type", "t3d") in REFERENCE_LOSSES:  # the others refuse a setting they would ignore
+        values["ref_sync_steps"] = 100
     values.update(overrides)
     return T3DConfig(**values)
 
@@ -361,7 +363,9 @@ def test_torch_compile_trains_the_same_model_and_saves_it_unwrapped(
     # transformers' ``torch_compile`` wraps the student in an OptimizedModule; the "eager" backend traces it the
     # same way without generating kernels, so the losses must match the uncompiled run's.
     data = trajectories["block_causal"]
-    steps = dict(loss_type=loss_type, max_steps=4, ref_sync_steps=2)  # T3D's reference is synced mid-run
+    steps = dict(loss_type=loss_type, max_steps=4)
+    if loss_type == "t3d":
+        steps["ref_sync_steps"] = 2  # the reference is synced mid-run
     plain = train(tokenizer, data, config(tmp_path / "plain", **steps), "block_causal")
     args = config(
         tmp_path / "compiled",
@@ -397,11 +401,9 @@ def test_model_card_lists_every_t3d_setting_that_differs_from_its_default(tokeni
         and "certainty_weight" not in paper
         and "student_state_labels" not in paper
     )
-    departed = card(
-        loss_type="td", student_state_ratio=0.25, student_state_labels="rollout", certainty_weight=3.0
-    )
-    assert '"student_state_ratio": 0.25' in departed and '"certainty_weight": 3.0' in departed
-    assert '"student_state_labels": "rollout"' in departed
+    departed = card(loss_type="td", student_state_ratio=0.25, student_state_labels="rollout")
+    assert '"student_state_ratio": 0.25' in departed and '"student_state_labels": "rollout"' in departed
+    assert '"certainty_weight": 3.0' in card(loss_type="dparallel", certainty_weight=3.0)
     assert "overwrite_output_dir" not in departed  # how the run was carried out, not a setting of the model
 
 
@@ -468,7 +470,13 @@ def test_prompts_over_the_limit_are_dropped_not_truncated(tokenizer, trajectorie
     "overrides, message",
     [
         ({"loss_type": "sft"}, "loss_type must be one of"),
-        ({"loss_type": "td", "path_weighting": "late"}, "only loss_type='t3d'"),
+        ({"loss_type": "td", "path_weighting": "late"}, "only by loss_type='t3d'"),
+        (
+            {"loss_type": "redi", "lambda_path": 5.0},
+            "lambda_path=5.0 is read only by loss_type='t3d'; loss_type='redi'",
+        ),
+        ({"loss_type": "td", "beta": 1.0}, "beta=1.0 is read only by loss_type='t3d' or 'ddo'"),
+        ({"loss_type": "t3d", "certainty_weight": 1.0}, "read only by loss_type='dparallel'"),
         ({"loss_type": "redi", "state_sampling": "reference"}, "masks randomly"),
         ({"lambda_path": 0.0}, "use loss_type='ddo'"),
         ({"block_length": 4, "tokens_per_step": 3}, "not a multiple of tokens_per_step"),

@@ -186,6 +186,31 @@ def test_loading_without_metadata_fails(tmp_path):
         load_trajectories(str(tmp_path))
 
 
+def test_a_missing_folder_is_named_not_blamed_on_the_hub(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such folder \\(nor a valid Hub dataset repo id\\)"):
+        load_trajectories(str(tmp_path / "nowhere"))
+    with pytest.raises(
+        FileNotFoundError, match="tiny-traj: no such folder, and the Hub could not be reached"
+    ):
+        load_trajectories("tiny-traj")  # a valid repo id; the tests run with HF_HUB_OFFLINE=1
+    (tmp_path / "rows.jsonl").write_text('{"id": "a"}\n')
+    with pytest.raises(ValueError, match="rows.jsonl is a file: a trajectory dataset is a folder"):
+        load_trajectories(str(tmp_path / "rows.jsonl"))
+    from t3d_trl.demo.quickstart import (
+        PACKAGED_TEACHERS,
+    )  # a model folder passed by mistake: JSON, no dataset
+
+    with pytest.raises(ValueError, match="cannot read the folder .*sort2' as a dataset"):
+        load_trajectories(str(PACKAGED_TEACHERS / "sort2"))
+
+
+def test_a_split_a_single_dataset_does_not_have_is_refused(tmp_path, tokenizer, bidirectional_model):
+    collect(bidirectional_model, tokenizer, tmp_path, rows=ROWS[:3])
+    assert len(load_trajectories(str(tmp_path))) == 3  # one dataset reads as its "train" split
+    with pytest.raises(ValueError, match="one dataset without splits .* not split 'test'"):
+        load_trajectories(str(tmp_path), split="test")  # it would silently be the same rows
+
+
 # --- faithfulness: the teacher's intermediate states rebuilt from decode_step ------------------------------
 
 
@@ -336,6 +361,17 @@ def test_resume_refuses_other_settings(tmp_path, tokenizer, bidirectional_model)
     with pytest.raises(ValueError, match="cfg_scale: 0.0 \\(saved\\) != 0.5"):
         guided = DiffusionGenerationConfig(**GREEDY, cfg_scale=0.5)
         collect(bidirectional_model, tokenizer, tmp_path, rows=ROWS[:3], generation_config=guided)
+    # Another teacher built in memory has no name either ("unknown" both times): its weights tell it apart.
+    other_teacher = build_bidirectional_model(tokenizer, seed=1)
+    assert not other_teacher.name_or_path and not bidirectional_model.name_or_path
+    with pytest.raises(
+        ValueError, match=r"teacher_weights: '[0-9a-f]{64}' \(saved\) != '[0-9a-f]{64}' \(now\)"
+    ):
+        collect(other_teacher, tokenizer, tmp_path, rows=ROWS[:3])
+    # ... and a collection started before the fingerprint was recorded still resumes.
+    del manifest["teacher_weights"]
+    (tmp_path / "collection.json").write_text(json.dumps(manifest))
+    assert len(collect(bidirectional_model, tokenizer, tmp_path, rows=ROWS[:3])) == 3
 
 
 def _collect_worker(rank: int, world_size: int, port: int, output_dir: str) -> None:
@@ -484,6 +520,11 @@ def test_build_prompts(tokenizer):
         build_prompts(
             datasets.Dataset.from_list([{"problem": "a", "id": 1}, {"problem": "b", "id": 1}]), tokenizer
         )
+    # An empty cell would otherwise become the prompt "None".
+    with pytest.raises(
+        ValueError, match=r"row 1: prompt template field\(s\) \['problem'\] are empty \(None\)"
+    ):
+        build_prompts(datasets.Dataset.from_list([{"problem": "a"}, {"problem": None}]), tokenizer, "plain")
     with pytest.raises(KeyError, match="prompt_column 'problem'"):
         build_prompts(rows, tokenizer)
 

@@ -309,6 +309,16 @@ def _run_chains(
     return values.view(len(rows), num_samples, width), entropy
 
 
+def check_model_matches(model: Any, metadata: TrajectoryMetadata) -> None:
+    """Refuse a model whose attention or mask token differs from those the trajectories were decoded with."""
+    diffusion = unwrap_model(model).diffusion_config
+    if diffusion.attention != metadata.attention or diffusion.mask_token_id != metadata.mask_token_id:
+        raise ValueError(
+            f"the model (attention={diffusion.attention!r}, mask_token_id={diffusion.mask_token_id}) does not match "
+            f"the trajectories (attention={metadata.attention!r}, mask_token_id={metadata.mask_token_id})"
+        )
+
+
 @torch.no_grad()
 def total_correlation(
     model: Any,
@@ -337,12 +347,8 @@ def total_correlation(
         metadata = TrajectoryMetadata.from_dataset(trajectories)
         if metadata is None:
             raise ValueError("pass metadata=TrajectoryMetadata(...): the trajectories carry none")
+    check_model_matches(model, metadata)
     diffusion = model.diffusion_config
-    if diffusion.attention != metadata.attention or diffusion.mask_token_id != metadata.mask_token_id:
-        raise ValueError(
-            f"the model (attention={diffusion.attention!r}, mask_token_id={diffusion.mask_token_id}) does not match "
-            f"the trajectories (attention={metadata.attention!r}, mask_token_id={metadata.mask_token_id})"
-        )
     if len(trajectories) == 0:
         raise ValueError("no trajectories to analyse")
     pairs = _select(trajectories, metadata, config.max_states, config.seed)

@@ -104,6 +104,7 @@ def main(argv: list[str]) -> int:
 
     from ..analysis import TotalCorrelationConfig, total_correlation
     from ..analysis.plots import plot_entropy, plot_tc_by_jump, plot_tc_heatmap
+    from ..analysis.total_correlation import check_model_matches
     from ..data.schema import TrajectoryMetadata
     from ..evaluation.runner import load_model
 
@@ -113,6 +114,16 @@ def main(argv: list[str]) -> int:
         num_samples=args.samples, max_states=args.max_states, batch_size=args.batch_size, seed=args.seed
     )
     loaded = {name: load_model(path, args.dtype, args.device) for name, path in models.items()}
+    if task is not None:
+        for name, (_, tokenizer) in loaded.items():
+            unknown = [
+                w for w in task.words if tokenizer.convert_tokens_to_ids(w) in (None, tokenizer.unk_token_id)
+            ]
+            if unknown:  # a model of another task would read the prompts as unknown tokens, and still measure
+                raise ValueError(
+                    f"model {name!r}: its tokenizer does not know the {task.name} task's tokens {unknown[:5]}: "
+                    "is it a model of another task?"
+                )
     with tempfile.TemporaryDirectory() as scratch:
         trajectories = _trajectories(args, task, loaded, scratch)
         metadata = TrajectoryMetadata.from_dataset(trajectories)
@@ -121,6 +132,11 @@ def main(argv: list[str]) -> int:
                 f"--block_length {args.block_length} differs from the trajectories' block_length "
                 f"{metadata.block_length} (their decoding order is defined per block)"
             )
+        for name, (model, _) in loaded.items():  # every model, before the first (long) estimate
+            try:
+                check_model_matches(model, metadata)
+            except ValueError as err:
+                raise ValueError(f"model {name!r}: {err}") from err
         results = {}
         for name, (model, _) in loaded.items():
             print(f"{name}: estimating TC on {len(trajectories)} trajectories")

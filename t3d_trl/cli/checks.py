@@ -73,6 +73,15 @@ def check_dataset_source(name: str, what: str = "dataset_name") -> None:
 _BACKENDS = {"DEEPSPEED": ("DeepSpeed", "deepspeed", "deepspeed")}
 
 
+def _has_accelerator() -> bool:
+    import torch
+
+    return torch.cuda.is_available() or any(
+        getattr(torch, name, None) is not None and getattr(torch, name).is_available()
+        for name in ("xpu", "npu")
+    )
+
+
 def check_accelerate_config(path: str) -> None:
     """The ``accelerate`` config exists, and its DeepSpeed/FSDP backend is installed on this machine."""
     import yaml
@@ -100,3 +109,10 @@ def check_accelerate_config(path: str) -> None:
                 f"accelerate_config {path!r} runs FSDP, but this torch build has no torch.distributed: install "
                 "a torch with distributed support, or pass --accelerate_config '' to train in one process"
             )
+    if kind in ("FSDP", "DEEPSPEED") and (config.get("use_cpu") or not _has_accelerator()):
+        what = "FSDP" if kind == "FSDP" else "DeepSpeed"
+        raise ValueError(
+            f"accelerate_config {path!r} runs {what}, which accelerate sets up on GPUs only: on CPU processes "
+            "every process would hold the whole model. Use a MULTI_GPU config such as recipes/accelerate/ddp.yaml "
+            "(plain data parallel) on CPUs, or pass --accelerate_config '' to train in one process"
+        )

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..generation.configuration import OUTPUT_FIELDS, DiffusionGenerationConfig
-from ..utils import DATA_FILE_BUILDERS, load_data_file
+from ..utils import DATA_FILE_BUILDERS, load_data_file, load_data_folder
 from .checks import check_dataset_source
 from .parsing import parse_recipe
 
@@ -131,6 +131,8 @@ def load_source_dataset(name: str, config: str | None = None, split: str = "trai
         return load_data_file(path, split)
     if path.is_dir() and (path / "state.json").exists():
         return datasets.load_from_disk(str(path))
+    if path.is_dir() and config is None:
+        return load_data_folder(path, split)
     return datasets.load_dataset(name, config, split=split)
 
 

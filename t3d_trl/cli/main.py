@@ -20,7 +20,16 @@ import traceback
 from .parsing import RecipeError, snake_case_flags
 
 #: Errors a command raises on bad input: reported in one line, exit status 2 (see the module docstring).
-EXPECTED_ERRORS = (RecipeError, ValueError, FileNotFoundError, FileExistsError, ConnectionError)
+# Bad input: a value, a missing or misplaced path (an output folder that is a file), an unreachable Hub.
+EXPECTED_ERRORS = (
+    RecipeError,
+    ValueError,
+    FileNotFoundError,
+    FileExistsError,
+    NotADirectoryError,
+    IsADirectoryError,
+    ConnectionError,
+)
 DEBUG_ENV = "T3D_TRL_DEBUG"
 
 # command name -> (module under t3d_trl.cli, one-line help). Modules are imported only when their command runs.

@@ -120,9 +120,15 @@ def build_recipe_parser(
             action.dest in hidden
         ):  # kept for the parser's bookkeeping, left out of --help, refused in parse_recipe
             action.help = argparse.SUPPRESS
+        elif any(o.startswith("--no_") for o in action.option_strings):
+            # transformers copies the positive flag's help; "%(default).0s" keeps argparse from appending this
+            # flag's own default, which reads as the opposite.
+            action.help = f"set --{action.dest} to false%(default).0s"
         elif not action.help and action.option_strings:
-            negated = any(o.startswith("--no_") for o in action.option_strings)
-            action.help = f"set --{action.dest} to false" if negated else helps.get(action.dest)
+            action.help = helps.get(action.dest)
+        if action.type is not None and getattr(action.type, "__name__", "") == "string_to_bool":
+            # Every boolean takes a bare --flag: transformers gives optional ones (bf16, tf32) no const.
+            action.nargs, action.const = "?", True
     return parser
 
 
@@ -138,8 +144,38 @@ def _set_recipe_defaults(parser: argparse.ArgumentParser, config: dict[str, Any]
         if action is None:
             remaining += [f"--{key}", str(value)]
             continue
-        action.default, action.required = value, False
+        action.default, action.required = _as_flag_value(action, str(key), value), False
     return remaining
+
+
+def _as_flag_value(action: argparse.Action, key: str, value: Any) -> Any:
+    """A recipe value read as its flag's value would be (argparse converts only string defaults): typed by the
+    flag's type and checked against its choices, so a wrong YAML type is one line naming the key, not a
+    traceback later."""
+    if value is None or action.type is None and not action.choices:
+        return value
+    many = action.nargs in ("+", "*") or isinstance(action.nargs, int)
+    items = value if many and isinstance(value, list) else [value]
+    out = []
+    for item in items:
+        if isinstance(item, (dict, list)):
+            return value  # structured values (dicts) are the dataclass's to read
+        converted = item
+        if action.type is not None:
+            try:
+                converted = action.type(str(item))
+            except (ValueError, TypeError, argparse.ArgumentTypeError) as err:
+                raise RecipeError(f"recipe key {key}: invalid value {item!r} ({err})") from err
+        if action.choices and converted not in action.choices:
+            choices = ", ".join(map(str, action.choices))
+            hint = (
+                "; YAML reads an unquoted no/yes/on/off as a boolean: quote it"
+                if isinstance(item, bool)
+                else ""
+            )
+            raise RecipeError(f"recipe key {key}: invalid choice {item!r} (choose from {choices}){hint}")
+        out.append(converted)
+    return out if many and isinstance(value, list) else out[0]
 
 
 def parse_recipe(
@@ -154,9 +190,11 @@ def parse_recipe(
     import yaml
 
     parser = build_recipe_parser(dataclass_types, prog, description)
-    argv = list(argv)
+    argv = [part for arg in argv for part in (arg.split("=", 1) if arg.startswith("--config=") else [arg])]
     if argv and argv[-1] == "--config":
         raise RecipeError("--config needs a recipe file: --config RECIPE.yaml")
+    if argv.count("--config") > 1:
+        raise RecipeError("--config is given twice: one recipe per run (flags override its values)")
     flags = list(argv)
     if "--config" in flags:  # TrlParser reads it; the rest are flags
         del flags[flags.index("--config") : flags.index("--config") + 2]

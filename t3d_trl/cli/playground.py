@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .checks import check_dataset_source
 from .parsing import ArgumentParser
 
 
@@ -47,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", default="127.0.0.1", help="address to serve on (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=None, help="default: Gradio's (7860, or the next free)")
     parser.add_argument("--share", action="store_true", help="also open a public Gradio share link")
-    parser.add_argument("--dtype", default="auto", help="auto, bfloat16, float16 or float32")
+    parser.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float16", "float32"))
     parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     return parser
 
@@ -72,6 +73,12 @@ def main(argv: list[str]) -> int:
     for path in models.values():
         check_model_source(path)
     columns = [ColumnSpec.parse(text) for text in args.columns]
+    # Everything the page would fail on later is checked before it is served.
+    for column in columns:
+        if column.model not in models:  # a column may name a folder or Hub id of its own
+            check_model_source(column.model)
+    if args.trajectories:
+        check_dataset_source(args.trajectories, "trajectories")
     app = build_app(
         models,
         columns,

@@ -1,7 +1,7 @@
 """``t3d-trl quickstart``: the T3D demo end to end on the CPU, on an embedded task, with nothing downloaded.
 
 The teacher decodes training prompts one token per step; its trajectories distil few-step students (T3D and
-the TD and ReDi baselines, same budget); every model is evaluated at 1, 2 and 4 tokens per step and with
+the TD, ReDi and dParallel baselines, same budget); every model is evaluated at 1, 2 and 4 tokens per step and with
 dynamic decoding; the factorization error (conditional total correlation) of each is measured. Prints the
 accuracy table; writes results.json, the evaluation table and plots, and the TC heatmap to --output_dir.
 """

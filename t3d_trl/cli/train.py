@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from trl import ModelConfig
@@ -92,15 +93,28 @@ def run(model_args: ModelConfig, data: TrainDataConfig, args: Any) -> str:
     return args.output_dir
 
 
-def check_inputs(model_args: ModelConfig, data: TrainDataConfig) -> None:
+def check_inputs(model_args: ModelConfig, data: TrainDataConfig, args: Any) -> None:
     """Everything that can be checked before anything loads (one line instead of a traceback after a load): the
-    accelerate config and its backend, the model path or Hub id, and the dataset."""
+    accelerate config and its backend, the model path or Hub id, the dataset and the loggers of ``report_to``."""
+    from transformers.integrations import get_available_reporting_integrations
+
+    missing = sorted(set(args.report_to or []) - {"all", "none", *get_available_reporting_integrations()})
+    if missing:
+        raise ValueError(
+            f"report_to {missing}: not installed (pip install {' '.join(missing)}), or report_to none"
+        )
     if data.accelerate_config:
         check_accelerate_config(data.accelerate_config)
     from ..models.auto import check_model_source
 
     check_model_source(model_args.model_name_or_path, revision=model_args.model_revision)
     check_dataset_source(data.dataset_name)
+    path = Path(data.dataset_name)
+    if data.eval_split and (path.is_file() or (path / "state.json").is_file()):
+        raise ValueError(
+            f"eval_split {data.eval_split!r}: {data.dataset_name} is one dataset without splits, so its rows would "
+            "be the training rows; evaluate on a dataset with that split"
+        )
 
 
 def _relaunch(config_file: str, argv: list[str]) -> int:
@@ -125,7 +139,7 @@ def main(argv: list[str]) -> int:
     ]
     if missing:
         raise RecipeError(f"train needs {', '.join(missing)} (in the recipe or as flags)")
-    check_inputs(model_args, data)
+    check_inputs(model_args, data, args)
     # Already one of several processes (accelerate launch, torchrun, SLURM): run here, do not relaunch.
     launched = os.environ.get(_LAUNCHED) or int(os.environ.get("WORLD_SIZE", "1")) > 1
     if data.accelerate_config and not launched:

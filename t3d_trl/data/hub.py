@@ -15,6 +15,7 @@ from pathlib import Path
 import datasets
 from huggingface_hub import DatasetCard, DatasetCardData
 
+from ..utils import load_data_folder
 from .schema import METADATA_KEY, TRAJECTORY_COLUMNS, TrajectoryMetadata, validate_trajectories
 from .shards import MANIFEST, SHARD_DIR
 
@@ -179,7 +180,7 @@ def load_trajectories(
     Args:
         path_or_repo_id: a folder written by ``save_to_disk`` (e.g. the ``output_dir`` of a collection), a
             local folder of data files with a ``README.md`` card (a Hub snapshot), or a Hub dataset repo id.
-        split: the split to load (ignored by a single saved ``Dataset``).
+        split: the split to load (a single saved ``Dataset`` is split ``train``: another name is refused).
         skip_invalid: drop rows that break the contract (and log how many) instead of raising.
         revision, token: for the Hub.
 
@@ -200,19 +201,42 @@ def load_trajectories(
             if split not in dataset:
                 raise ValueError(f"{path} has splits {list(dataset)}, not {split!r}")
             dataset = dataset[split]
+        elif (
+            split != "train"
+        ):  # one dataset is its "train" split: another name would silently read the same rows
+            raise ValueError(
+                f"{path} holds one dataset without splits (it reads as split 'train'), not split {split!r}: keep "
+                "evaluation rows in a dataset of their own"
+            )
     elif path.is_dir() and (path / MANIFEST).exists():
         raise ValueError(
             f"{path} holds an unfinished collection (shards but no merged dataset): run the same "
             "collect_trajectories call (or t3d-trl collect) again to finish and merge it"
         )
     elif path.is_dir():
-        dataset = datasets.load_dataset(str(path), split=split)
+        dataset = load_data_folder(path, split)
         card = path / "README.md" if (path / "README.md").exists() else None
+    elif path.is_file():
+        raise ValueError(
+            f"{path} is a file: a trajectory dataset is a folder (save_to_disk, as collect_trajectories writes it, or "
+            "data files with their README.md card) or a Hub dataset repo"
+        )
     else:
         from huggingface_hub import hf_hub_download
+        from huggingface_hub.errors import HFValidationError
+        from huggingface_hub.utils import validate_repo_id
 
         repo_id = str(path_or_repo_id)
-        dataset = datasets.load_dataset(repo_id, split=split, revision=revision, token=token)
+        try:
+            validate_repo_id(repo_id)
+        except HFValidationError as err:
+            raise FileNotFoundError(f"{repo_id}: no such folder (nor a valid Hub dataset repo id)") from err
+        try:
+            dataset = datasets.load_dataset(repo_id, split=split, revision=revision, token=token)
+        except ConnectionError as err:  # datasets reports a missing folder as a failed Hub connection
+            raise FileNotFoundError(
+                f"{repo_id}: no such folder, and the Hub could not be reached ({err})"
+            ) from err
         card = hf_hub_download(repo_id, "README.md", repo_type="dataset", revision=revision, token=token)
     metadata = TrajectoryMetadata.from_dataset(dataset) or (_card_metadata(card) if card else None)
     if metadata is None:

@@ -67,6 +67,9 @@ def format_user_message(template: str, row: Mapping[str, Any]) -> str:
     missing = [name for name in template_fields(pattern) if name not in row]
     if missing:
         raise MissingKeyError(f"prompt template needs column(s) {missing}; the row has {sorted(row)}")
+    empty = [name for name in template_fields(pattern) if row[name] is None]
+    if empty:  # str.format would write the word "None" into the prompt
+        raise ValueError(f"prompt template field(s) {empty} are empty (None) in this row: drop or fill it")
     return pattern.format(**row)
 
 
@@ -156,7 +159,12 @@ def build_prompts(
             text = tokenizer.apply_chat_template(row[chat_column], tokenize=False, add_generation_prompt=True)
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]  # the template holds its specials
         else:
-            message = _user_message(row, prompt_template, prompt_column)
+            try:
+                message = _user_message(row, prompt_template, prompt_column)
+            except MissingKeyError:
+                raise
+            except ValueError as err:
+                raise ValueError(f"row {index}: {err}") from err
             [text], [ids] = encode_prompts(tokenizer, [message], use_chat_template)
         row_id = str(row[id_column]) if id_column is not None else str(index)
         if row_id in seen:

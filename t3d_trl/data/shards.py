@@ -122,6 +122,8 @@ def check_manifest(output_dir: Path, manifest: dict[str, Any], is_main: bool, ba
         saved["generation_config"] = {**defaults, **saved["generation_config"]}
     current = json.loads(json.dumps(manifest))
     current["metadata"].pop("t3d_trl_version", None)
+    if "teacher_weights" not in saved:  # a collection started before the fingerprint was recorded
+        current.pop("teacher_weights", None)
     diffs = _differences(saved, current)
     if diffs:
         raise ValueError(

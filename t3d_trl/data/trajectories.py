@@ -223,6 +223,7 @@ class _PromptOptions:
 
     def manifest(
         self,
+        model: Any,
         metadata: TrajectoryMetadata,
         config: DiffusionGenerationConfig,
         prompts: Sequence[PromptRow],
@@ -231,6 +232,8 @@ class _PromptOptions:
         """What ``collection.json`` records: a rerun resumes only with the same teacher, settings and prompts."""
         digest = hashlib.sha256(json.dumps([[p.id, p.prompt] for p in prompts]).encode()).hexdigest()
         return {
+            # The teacher's name alone misses a model built in memory (no name) or retrained in place.
+            "teacher_weights": weights_fingerprint(model),
             "metadata": metadata.to_dict(),
             "generation_config": config.to_dict(),
             "collection": {
@@ -244,6 +247,22 @@ class _PromptOptions:
                 "prompts_sha256": digest,
             },
         }
+
+
+def weights_fingerprint(model: torch.nn.Module, samples: int = 64) -> str:
+    """A digest of a model's weights that tells two teachers apart without reading every value: the name, shape
+    and ``samples`` evenly spaced values of each parameter (the same on every device; offloaded ``meta``
+    parameters count by name and shape)."""
+    digest = hashlib.sha256()
+    for name, param in model.named_parameters():
+        digest.update(f"{name}:{tuple(param.shape)}:{param.dtype};".encode())
+        if param.is_meta or param.numel() == 0:
+            continue
+        flat = param.detach().reshape(-1)
+        count = min(samples, flat.numel())
+        index = torch.arange(count, device=flat.device) * (flat.numel() - 1) // max(count - 1, 1)
+        digest.update(flat[index].float().cpu().numpy().tobytes())
+    return digest.hexdigest()
 
 
 def _teacher_settings(
@@ -445,7 +464,7 @@ def collect_trajectories(
     prompt_template: str = "math",
     *,
     output_dir: str | os.PathLike,
-    generation_config: DiffusionGenerationConfig | None = None,
+    generation_config: DiffusionGenerationConfig | Mapping[str, Any] | None = None,
     batch_size: int | None = 8,
     prompt_column: str = "problem",
     id_column: str | None = None,
@@ -512,7 +531,7 @@ def collect_trajectories(
         max_prompt_length,
     )
     # Settings are checked against the model before the (possibly long) tokenisation and any decoding.
-    config = generation_config or model.diffusion_generation_config
+    config = DiffusionGenerationConfig.parse(generation_config) or model.diffusion_generation_config
     config, metadata = _teacher_settings(model, tokenizer, config, vocab, seed, options, teacher_revision)
     prompts, dropped = options.build(dataset, tokenizer, model, config.max_new_tokens)
     if batch_size is None:
@@ -521,7 +540,8 @@ def collect_trajectories(
     output_dir = Path(output_dir)
     rank, world_size, barrier = _process_group()
     check_process_count(world_size, "collection", "each process would decode every prompt")
-    check_manifest(output_dir, options.manifest(metadata, config, prompts, batch_size), rank == 0, barrier)
+    manifest = options.manifest(model, metadata, config, prompts, batch_size)
+    check_manifest(output_dir, manifest, rank == 0, barrier)
     features = shard_features(dataset, list(prompts[0].extra))
     run = _BatchRun(model, tokenizer, config, metadata, features, output_dir, seed)
     run.decode(

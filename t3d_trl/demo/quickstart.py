@@ -131,15 +131,11 @@ def _training_args(config: QuickstartConfig, output_dir: Path, **overrides: Any)
 
 
 def split_rows(task: DemoTask, config: QuickstartConfig) -> tuple[list[dict], list[dict]]:
-    """Training and held-out prompts: disjoint by construction (different seeds, duplicates removed)."""
+    """Training and held-out prompts: disjoint (different seeds, duplicates removed) where the task's prompts
+    allow it (:meth:`DemoTask.held_out`)."""
     train = task.sample(config.num_trajectories, seed=config.seed)
-    seen = {row["prompt"] for row in train}
-    held_out = [
-        row
-        for row in task.sample(config.num_eval * 2, seed=10_000 + config.seed)
-        if row["prompt"] not in seen
-    ]
-    return train, held_out[: config.num_eval]
+    held_out = task.held_out({row["prompt"] for row in train}, config.num_eval, seed=10_000 + config.seed)
+    return train, held_out
 
 
 def teacher_rows(task: DemoTask, config: QuickstartConfig) -> list[dict]:

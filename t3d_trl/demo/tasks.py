@@ -67,6 +67,9 @@ class DemoTask(ABC):
     block_length: ClassVar[int] = 8
     attention: ClassVar[str] = "bidirectional"  # the teacher's attention (DiffusionConfig.attention)
     teacher_size: ClassVar[dict[str, int]] = {}  # Qwen3Config fields that differ from teacher_config's
+    # Whether evaluation prompts can avoid the training prompts: not where the training rows cover the task's
+    # few prompts; there evaluation repeats training prompts and tests the decoding, not generalisation.
+    held_out_prompts: ClassVar[bool] = True
 
     @abstractmethod
     def _draw_prompt(self, rng: random.Random) -> list[str]:
@@ -115,20 +118,28 @@ class DemoTask(ABC):
             )
         return rows
 
+    def held_out(self, seen: set[str], n: int, seed: int) -> list[dict[str, Any]]:
+        """``n`` evaluation rows of ``sample(.., seed)`` whose prompts are not in ``seen`` (the training prompts),
+        in order; for a task whose few prompts the training rows cover (:attr:`held_out_prompts` False), the
+        first ``n`` rows, training prompts included."""
+        rows = self.sample(4 * n + 64, seed=seed)
+        if self.held_out_prompts:
+            rows = [row for row in rows if row["prompt"] not in seen]
+        return rows[:n]
+
     def split(self, split: str = "train", n: int | None = None) -> list[dict[str, Any]]:
         """The task as a dataset split, what ``t3d-trl collect --dataset_name demo:<task>`` and the ``demo-<task>``
         benchmark of ``t3d-trl eval`` read.
 
         ``train``: the first ``n`` (default :data:`TRAIN_ROWS`) rows of ``sample(TRAIN_ROWS, seed=0)``. ``test``:
-        ``n`` (default :data:`TEST_ROWS`) held-out rows (seed 10000) whose prompts are in no ``train`` row.
+        ``n`` (default :data:`TEST_ROWS`) held-out rows (seed 10000) whose prompts are in no ``train`` row
+        (:meth:`held_out`).
         """
         if split == "train":
             return self.sample(min(TRAIN_ROWS if n is None else n, TRAIN_ROWS), seed=0)
         if split == "test":
-            n = TEST_ROWS if n is None else n
             seen = {row["prompt"] for row in self.sample(TRAIN_ROWS, seed=0)}
-            rows = [row for row in self.sample(4 * n + 64, seed=10_000) if row["prompt"] not in seen]
-            return rows[:n]
+            return self.held_out(seen, TEST_ROWS if n is None else n, seed=10_000)
         raise ValueError(f"demo task {self.name!r} has the splits 'train' and 'test', not {split!r}")
 
     def tokenizer(self) -> PreTrainedTokenizerFast:
@@ -174,13 +185,19 @@ class Sort2(DemoTask):
         return [*rng.sample(self.letters, 8), "="]
 
     def _valid_answers(self, prompt: list[str]) -> list[tuple[str, ...]]:
-        ascending = tuple(sorted(prompt[:-1]))
+        letters = prompt[:-1]
+        if prompt[-1] != "=" or "=" in letters or len(set(letters)) != len(letters):
+            raise ValueError(
+                f"{' '.join(prompt)!r} is not a sort2 prompt: expected 8 distinct letters and '='"
+            )
+        ascending = tuple(sorted(letters))
         return [ascending, ascending[::-1]]
 
 
 class Words(DemoTask):
     name = "words"
     description = "two categories; answer: a 4-letter word of each, spelled out (36 valid answers, 2 blocks)"
+    held_out_prompts = False  # 16 prompts in all
     categories: ClassVar[dict[str, tuple[str, ...]]] = {
         "animal": ("bear", "wolf", "lion", "deer", "frog", "duck"),
         "color": ("blue", "gray", "pink", "gold", "teal", "navy"),
@@ -210,6 +227,7 @@ class Words(DemoTask):
 class Add(DemoTask):
     name = "add"
     description = "a two-digit plus a one-digit number; answer: the sum with the operands in either order"
+    held_out_prompts = False  # 900 prompts in all
     digits: ClassVar[tuple[str, ...]] = tuple(string.digits)
     words = (*digits, "add", "and", "+", "=")
     prompt_length = 5  # add a a and b

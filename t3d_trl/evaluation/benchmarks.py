@@ -186,6 +186,8 @@ class Benchmark:
 
     def with_code_extraction(self, rule: CodeExtraction | None) -> Benchmark:
         """This benchmark with another code extraction rule (``None``, or a benchmark without code: itself)."""
+        if rule is not None and rule not in CODE_EXTRACTION_RULES:
+            raise ValueError(f"code_extraction must be one of {CODE_EXTRACTION_RULES}, got {rule!r}")
         if rule is None or self.code_extraction is None:
             return self
         return replace(self, code_extraction=rule)
@@ -220,9 +222,13 @@ class Benchmark:
                     return _head(rows, limit)
             raise OSError(
                 f"could not load benchmark {self.name!r} from the Hub dataset {self.path!r} ({err}){hint}; "
-                f"offline, pass a local json/jsonl/parquet copy with the columns {sorted(self.columns.values())} "
+                f"offline, pass a local json/jsonl/parquet copy with the columns {self.required_columns()} "
                 "as data_files"
             ) from err
+
+    def required_columns(self) -> list[str]:
+        """The columns a copy of the data must have (the id column is optional: see :meth:`to_example`)."""
+        return sorted(column for name, column in self.columns.items() if name != "id")
 
     def to_example(self, row: Mapping[str, Any], index: int) -> Example:
         """Map one dataset row onto the canonical fields (original columns are kept).

@@ -8,6 +8,7 @@ runs what these functions find; its module re-exports them under their old impor
 from __future__ import annotations
 
 import ast
+import bisect
 import builtins
 import re
 from collections.abc import Sequence
@@ -51,9 +52,10 @@ def _parses(code: str) -> ast.Module | None:
         return None
 
 
-def _defines(code: str, entry_point: str) -> bool:
-    """Whether ``code`` defines ``entry_point`` at top level (a function, a class or ``name = ...``)."""
-    tree = _parses(code)
+def _defines(code: str, entry_point: str, tree: ast.Module | None = None) -> bool:
+    """Whether ``code`` (parsed: ``tree``) defines ``entry_point`` at top level (a function, a class or
+    ``name = ...``)."""
+    tree = tree or _parses(code)
     if tree is None:  # a block cut at the token budget: look for the definition line itself
         return (
             re.search(rf"^(?:async\s+)?def\s+{re.escape(entry_point)}\s*\(", code, re.MULTILINE) is not None
@@ -71,23 +73,50 @@ def _defines(code: str, entry_point: str) -> bool:
     return False
 
 
+#: What one search for a parsing run may spend in the parser, in characters parsed into a tree (about 1 s of
+#: ``ast.parse``); a run that fails is charged the characters up to its error plus a fiftieth of the rest
+#: (reading them). The search tries many runs, and a long degenerate completion must not stall an evaluation.
+PARSE_BUDGET = 1_000_000
+
+
 def _longest_parsing_run(text: str, entry_point: str | None) -> str | None:
     """The run of consecutive lines with the most non-blank lines that parses as Python (and, given
-    ``entry_point``, defines it), as evalplus's sanitizer finds code in prose; ``None`` if there is none."""
+    ``entry_point``, defines it), as evalplus's sanitizer finds code in prose; ``None`` if there is none.
+
+    The search stops with the best run found so far once it has parsed :data:`PARSE_BUDGET` characters."""
     lines = text.splitlines()
-    weight = [0]
+    # A run that defines the entry point holds the line that starts its definition (as _defines reads it).
+    if entry_point is None:
+        defining = list(range(len(lines)))
+    else:
+        name = re.escape(entry_point)
+        pattern = re.compile(rf"(?:async\s+def|def|class)\s+{name}\b|(?:[A-Za-z_]\w*\s*=\s*)*{name}\s*=(?!=)")
+        defining = [k for k, line in enumerate(lines) if pattern.match(line)]
+    budget = PARSE_BUDGET
+    weight, chars = [0], [0]
     for line in lines:
         weight.append(weight[-1] + bool(line.strip()))
+        chars.append(chars[-1] + len(line) + 1)
     best, best_weight = None, 0
     for i, line in enumerate(lines):
+        first = bisect.bisect_left(defining, i)
+        if first == len(defining):
+            break
         # A module cannot start indented or blank, and a shorter run cannot beat the best one.
         if not line.strip() or line[0].isspace() or weight[-1] - weight[i] <= best_weight:
             continue
-        for j in range(len(lines), i, -1):
+        for j in range(len(lines), defining[first], -1):
             if weight[j] - weight[i] <= best_weight:
                 break
             code = "\n".join(lines[i:j]).rstrip() + "\n"
-            if _parses(code) is not None and (entry_point is None or _defines(code, entry_point)):
+            try:
+                tree, error = ast.parse(code), j
+            except (SyntaxError, ValueError, MemoryError, RecursionError) as err:
+                tree, error = None, min(j, i + (getattr(err, "lineno", None) or j - i))
+            budget -= chars[error] - chars[i] + (chars[j] - chars[error]) // 50
+            if budget < 0:
+                return best
+            if tree is not None and (entry_point is None or _defines(code, entry_point, tree)):
                 best, best_weight = code, weight[j] - weight[i]
                 break
     return best

@@ -173,6 +173,8 @@ def load_examples(
     """Every benchmark's examples, each of whose prompts is built once (a template may name a missing column)."""
     examples = {b.name: b.load(data_files.get(b.name), limit) for b in benchmarks}
     for benchmark in benchmarks:
+        if not examples[benchmark.name]:  # refused here, before any model is loaded, not mid-grid
+            raise ValueError(f"benchmark {benchmark.name!r} has no examples to evaluate")
         for example in examples[benchmark.name]:
             benchmark.user_message(example)
     return examples

@@ -46,7 +46,12 @@ _LAST_NUMBER_RE = re.compile(rf"(?:{_NUMBER})(?:\s*/\s*\d+)?")
 _THOUSANDS_RE = re.compile(r"^-?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
 # "12 apples", "5 dollars.", "3.5 cm": a number followed by plain words only (no LaTeX).
 _NUMBER_WITH_WORDS_RE = re.compile(rf"^({_NUMBER})\s*((?:[A-Za-z]{{2,}}\.?\s*)+)$")
-_NOT_UNITS = {"pi", "sqrt", "frac", "i", "e"}
+_TEXT_WRAPPER_RE = re.compile(r"\\(?:text|textbf|textrm|mathrm)\{([^{}]*)\}")
+# Words that change the value rather than name a unit: "3 million" is not 3, nor "2 squared".
+_NOT_UNITS = {"pi", "sqrt", "frac", "i", "e"} | {
+    *("hundred", "hundreds", "thousand", "thousands", "million", "millions", "billion", "billions"),
+    *("trillion", "trillions", "dozen", "dozens", "squared", "cubed"),
+}
 # A digit group separator inside one number: ``,`` plus LaTeX spacing (``11,\\! 111``, ``10,\\,080``),
 # ``{,}`` (``1{,}000``) or LaTeX spacing alone (``1\\,000\\,000``), before exactly three digits. A bare
 # ``, `` is left alone: ``3, 5, 7`` is a list.
@@ -151,7 +156,8 @@ def normalize_answer(answer: str) -> str:
 
     Strips surrounding ``$...$`` / ``\\(...\\)``, currency signs, a trailing period, ``\\!`` spacing,
     digit group separators inside a number (``11,\\! 111,\\! 100`` and ``1{,}000`` -> one number; a
-    lone ``1,234`` -> ``1234``) and plain-text units after a lone number (``5 dollars`` -> ``5``). LaTeX
+    lone ``1,234`` -> ``1234``), a ``\\text{}`` wrapping the whole answer, and plain-text units after a lone
+    number (``5 dollars`` -> ``5``; not ``3 million``). LaTeX
     content is otherwise left to math-verify. Group separators go first: once ``\\!`` is gone,
     ``11, 111, 100`` would read as the set {11, 100, 111}.
     """
@@ -165,6 +171,9 @@ def normalize_answer(answer: str) -> str:
     text = re.sub(r"^\$\s*", "", text).strip()
     if text.endswith(".") and not text.endswith(".."):
         text = text[:-1].rstrip()
+    wrapped = _TEXT_WRAPPER_RE.fullmatch(text)  # \text{18 dollars}: the whole answer in one text command
+    if wrapped:
+        text = wrapped.group(1).strip()
     match = _NUMBER_WITH_WORDS_RE.match(text)
     if match and not set(match.group(2).lower().replace(".", " ").split()) & _NOT_UNITS:
         text = match.group(1)

@@ -16,6 +16,7 @@ shown in percent, as in the paper.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -69,8 +70,10 @@ def accuracy_table(results: Results, metric: str = "accuracy") -> str:
     """Markdown tables shaped like the paper's Table 1, one per TokPS / dynamic threshold.
 
     Columns: ``<benchmark> (B=<block length>)`` for each block length and benchmark, ``AVG`` (mean of the
-    row's cells, in percent) and ``Gain (%)`` (relative change of ``AVG`` over the first model's, the
-    paper's "Gains"). With several seeds a cell reads ``mean ± std``.
+    row's cells, in percent) and ``Gain (%)`` (relative change of the mean over the first model's, the
+    paper's "Gains"). Where a row lacks cells (a partial or merged results file), its Gain compares the two
+    models' means over the cells both have, never averages over different benchmarks. With several seeds a
+    cell reads ``mean ± std``.
     """
     if not results:
         raise ValueError("no results to tabulate")
@@ -93,12 +96,15 @@ def accuracy_table(results: Results, metric: str = "accuracy") -> str:
             found = [cells.get((model, block, bench)) for block, bench in columns]
             if not any(found):
                 continue
-            values = [100 * e["metrics"][metric] for e in found if e is not None]
-            average = sum(values) / len(values)
+            values = [100 * e["metrics"][metric] if e is not None else None for e in found]
+            average = statistics.fmean(v for v in values if v is not None)
             if reference is None:
-                reference, gain = average, "-"
+                reference, gain = values, "-"
             else:
-                gain = f"{100 * (average / reference - 1):+.2f}" if reference > 0 else "-"
+                shared = [(v, r) for v, r in zip(values, reference) if v is not None and r is not None]
+                base = statistics.fmean(r for _, r in shared) if shared else 0.0
+                ours = statistics.fmean(v for v, _ in shared) if shared else 0.0
+                gain = f"{100 * (ours / base - 1):+.2f}" if base > 0 else "-"
             rows.append(
                 [model]
                 + [_percent(e, metric) if e is not None else "–" for e in found]

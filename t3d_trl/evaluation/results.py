@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..utils import write_atomically
+from .code_extraction import CODE_EXTRACTION_RULES
 
 logger = logging.getLogger(__name__)
 
@@ -174,12 +175,20 @@ def model_fingerprint(name_or_path: str) -> str | None:
 
 # ------------------------------------------------------------------------------------------------ resume
 def run_key(
-    spec: Any, benchmark: str, setting: str, data_file: str | Path | None, settings: Mapping[str, Any]
+    spec: Any,
+    benchmark: str,
+    setting: str,
+    data_file: str | Path | None,
+    settings: Mapping[str, Any],
+    code_extraction: str | None = None,
 ) -> dict[str, Any] | None:
-    """What identifies a finished run of a model given by path (``None`` for an object: never recognised)."""
+    """What identifies a finished run of a model given by path (``None`` for an object: never recognised).
+
+    ``code_extraction``: the rule a code benchmark checked with; the default rule adds nothing to the key, so
+    that results recorded before the rule was part of it still count."""
     if not isinstance(spec, str):
         return None
-    return {
+    key = {
         "model": spec,
         "benchmark": benchmark,
         "setting": setting,
@@ -187,6 +196,9 @@ def run_key(
         **{k: settings[k] for k in ("generation_kwargs", "limit", "seeds", "num_samples")},
         **{k: settings[k] for k in ("use_chat_template", "dtype")},
     }
+    if code_extraction not in (None, CODE_EXTRACTION_RULES[0]):
+        key["code_extraction"] = code_extraction
+    return key
 
 
 def plan_runs(

@@ -530,7 +530,12 @@ class _GridRun:
 
     def key(self, spec: Any, benchmark: Benchmark, setting: DecodingSetting) -> dict[str, Any] | None:
         return run_key(
-            spec, benchmark.name, setting.label, self.data_files.get(benchmark.name), self.grid.settings
+            spec,
+            benchmark.name,
+            setting.label,
+            self.data_files.get(benchmark.name),
+            self.grid.settings,
+            benchmark.code_extraction,
         )
 
     def load(self, spec: Any) -> tuple[torch.nn.Module, Any]:

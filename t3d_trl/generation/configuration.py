@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numbers
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
@@ -14,6 +16,8 @@ SCHEDULES = ("llada", "sdar", "dream")
 CACHE_IMPLEMENTATIONS = ("prefix", "dual")
 CACHES = ("none", *CACHE_IMPLEMENTATIONS)  # the old ``cache`` spelling: "none" is no approximate cache
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+INTEGER_FIELDS = ("max_new_tokens", "block_length", "steps", "tokens_per_step", "top_k", "pad_token_id")
+REAL_FIELDS = ("temperature", "top_p", "threshold", "cfg_scale")
 #: Output controls set by the code that calls ``diffusion_generate``: no command-line flag, no recipe key.
 OUTPUT_FIELDS = ("return_dict_in_generate", "output_history")
 
@@ -115,7 +119,21 @@ class DiffusionGenerationConfig:
                     "give cache_implementation alone (cache is its old spelling)"
                 )
             self.cache_implementation, self.cache = old, None
+        self._normalise_numbers()
         self.validate()
+
+    def _normalise_numbers(self) -> None:
+        # A string from a hand-written dict would otherwise fail later in a comparison; numpy numbers become
+        # Python ones so that the config saves as JSON.
+        for name in INTEGER_FIELDS + REAL_FIELDS:
+            value = getattr(self, name)
+            if value is None:
+                continue
+            kind = numbers.Integral if name in INTEGER_FIELDS else numbers.Real
+            if isinstance(value, bool) or not isinstance(value, kind):
+                noun = "an integer" if kind is numbers.Integral else "a number"
+                raise TypeError(f"{name} must be {noun}, got {value!r} ({type(value).__name__})")
+            setattr(self, name, int(value) if kind is numbers.Integral else float(value))
 
     def validate(self) -> None:
         """Check values that do not depend on the model or the prompt."""
@@ -245,6 +263,22 @@ class DiffusionGenerationConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DiffusionGenerationConfig:
         return dataclass_from_dict(cls, data, "diffusion generation config")
+
+    @classmethod
+    def parse(
+        cls, value: DiffusionGenerationConfig | Mapping[str, Any] | None
+    ) -> DiffusionGenerationConfig | None:
+        """What every ``generation_config=`` argument accepts: a config, a dict of its fields (a whole config:
+        fields it leaves out take the class defaults, not a model's saved ones) or ``None``."""
+        if value is None or isinstance(value, cls):
+            return value
+        if isinstance(value, Mapping):
+            return cls.from_dict(dict(value))
+        raise TypeError(
+            f"generation_config must be a DiffusionGenerationConfig or a dict of its fields, got "
+            f"{type(value).__name__}"
+            + (" (transformers' autoregressive settings)" if hasattr(value, "do_sample") else "")
+        )
 
     @classmethod
     def from_model_config(cls, config: Any) -> DiffusionGenerationConfig:

@@ -95,6 +95,12 @@ def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, 
 
 
 def _check_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    for name, value in (("input_ids", input_ids), ("attention_mask", attention_mask)):
+        if value is not None and not isinstance(value, torch.Tensor):
+            raise TypeError(
+                f"{name} must be a torch.Tensor, got {type(value).__name__} (tokenize with return_tensors='pt', "
+                "or batch id lists with t3d_trl.generation.sampler.left_pad)"
+            )
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be [batch, prompt_len], got shape {tuple(input_ids.shape)}")
     if input_ids.dtype not in (torch.long, torch.int, torch.int32):
@@ -228,7 +234,24 @@ def diffusion_generate(
     streamer: DiffusionStreamer | None = None,
 ) -> torch.Tensor | DiffusionGenerationOutput:
     """Decode ``config.max_new_tokens`` tokens after each prompt. See the module docstring; ``streamer`` (see
-    :mod:`t3d_trl.generation.streamers`) sees the canvas after every forward pass."""
+    :mod:`t3d_trl.generation.streamers`) sees the canvas after every forward pass, and its ``end`` is called
+    however decoding ends (an error too, so that a consumer in another thread is not left waiting)."""
+    try:
+        return _generate(model, diffusion, input_ids, attention_mask, config, generator, streamer)
+    finally:
+        if streamer is not None:
+            streamer.end()
+
+
+def _generate(
+    model: torch.nn.Module,
+    diffusion: DiffusionConfig,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    config: DiffusionGenerationConfig,
+    generator: torch.Generator | None,
+    streamer: DiffusionStreamer | None,
+) -> torch.Tensor | DiffusionGenerationOutput:
     valid = _check_inputs(input_ids, attention_mask)
     input_ids = input_ids.long()
     block_length, steps_per_block = config.resolve(
@@ -259,11 +282,14 @@ def diffusion_generate(
 
     for block_idx, (start, end) in enumerate(canvas.blocks):
         block = state.x[:, start:end]  # a view: commits write into the canvas
-        to_decode = state.gen_mask[:, start:end] & state.active.unsqueeze(1)
-        quota = transfer_schedule(to_decode.sum(-1), steps_per_block, config.schedule, end - start)
+        in_gen = state.gen_mask[:, start:end]
+        quota = transfer_schedule(
+            (in_gen & state.active.unsqueeze(1)).sum(-1), steps_per_block, config.schedule, end - start
+        )
         step = 0
         while True:
-            masked = (block == mask_id) & state.active.unsqueeze(1)
+            # Only generated positions: a mask token in a prompt's tail sharing the block is the prompt's.
+            masked = (block == mask_id) & in_gen & state.active.unsqueeze(1)
             if not masked.any():
                 break
             # Past the block's budget (only reachable through dynamic top-up) everything left is committed.
@@ -288,8 +314,6 @@ def diffusion_generate(
                 history.append(state.x.gather(1, canvas.gen_index).clone())
         if not state.active.any():
             break
-    if streamer is not None:
-        streamer.end()
 
     generated = state.x.gather(1, canvas.gen_index)
     steps_out = state.decode_step.gather(1, canvas.gen_index)

@@ -67,8 +67,7 @@ def add_diffusion_generation(
             f"{type(inner).__name__}'s config has no diffusion description: pass "
             "diffusion_config=DiffusionConfig(mask_token_id=...)"
         )
-    if isinstance(generation_config, dict):
-        generation_config = DiffusionGenerationConfig.from_dict(generation_config)
+    generation_config = DiffusionGenerationConfig.parse(generation_config)
     if generation_config is not None:
         generation_config.save_to_model_config(inner.config)
     if not isinstance(inner, DiffusionGenerationMixin):
@@ -291,7 +290,10 @@ class AutoModelForDiffusionLM:
             pretrained_model_name_or_path: anything ``transformers`` can load, or a published family checkpoint.
             diffusion_config: overrides the description stored in the checkpoint. Needed for decoders that
                 were never saved by t3d-trl; encoder MLMs default to bidirectional with the tokenizer's mask.
-            generation_config: overrides the decoding defaults stored in the checkpoint.
+            generation_config: replaces the decoding defaults stored in the checkpoint (a dict is a whole
+                config: fields it leaves out take the class defaults, not the saved ones). To change one saved
+                default, pass ``model.diffusion_generation_config.update(...)`` back, or a keyword to
+                ``diffusion_generate``.
             use_remote_code: run a family checkpoint's own published modeling code instead of the native class
                 (needs ``trust_remote_code=True``). Fragile: that code targets older transformers releases.
             **hf_kwargs: passed to ``from_pretrained`` (``dtype``, ``revision``, ``device_map``, ...).

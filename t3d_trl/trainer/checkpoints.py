@@ -63,6 +63,8 @@ def checkpoint_problem(checkpoint: str | os.PathLike) -> str | None:
     import safetensors
 
     folder = Path(checkpoint)
+    if not folder.is_dir():
+        return f"{folder}: no such checkpoint folder"
     if not (folder / TRAINER_STATE_NAME).is_file():
         return f"{folder} has no {TRAINER_STATE_NAME} (interrupted while saved?)"
     for path in sorted(folder.rglob("*.safetensors")):

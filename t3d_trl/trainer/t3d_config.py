@@ -15,6 +15,12 @@ from .student_states import STUDENT_STATE_LABELS
 LOSS_TYPES = ("t3d", "ddo", "td", "redi", "dparallel", "mdlm")
 TRAJECTORY_LOSSES = ("t3d", "ddo", "td")  # need the teacher's decoding order (decode_step)
 REFERENCE_LOSSES = ("t3d", "ddo")  # need the reference model
+# Settings that some objectives only read: set for another one, they would be ignored silently.
+OBJECTIVE_SETTINGS: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys(("beta", "fake_weight", "fake_estimator", "ref_sync_steps"), ("t3d", "ddo")),
+    **dict.fromkeys(("lambda_path", "path_weighting"), ("t3d",)),
+    **dict.fromkeys(("certainty_weight", "certainty_temperature"), ("dparallel",)),
+}
 FAKE_ESTIMATORS = ("argmax", "expectation")  # how the DDO fake term is taken
 STATE_SAMPLING = ("uniform", "reference")
 
@@ -263,10 +269,13 @@ class T3DConfig(_BaseConfig):
                 f"student_state_labels={self.student_state_labels!r} labels student states, but "
                 "student_state_ratio=0 makes none; set student_state_ratio > 0"
             )
-        if self.path_weighting != "early" and self.loss_type != "t3d":
-            raise ValueError(
-                f"path_weighting={self.path_weighting!r} weights the path-consistency loss, which only "
-                f"loss_type='t3d' has (got {self.loss_type!r})"
-            )
+        for name, readers in OBJECTIVE_SETTINGS.items():
+            value = getattr(self, name)
+            if self.loss_type not in readers and value != self.__dataclass_fields__[name].default:
+                raise ValueError(
+                    f"{name}={value!r} is read only by loss_type="
+                    + " or ".join(map(repr, readers))
+                    + f"; loss_type={self.loss_type!r} would ignore it (leave it at its default)"
+                )
         if self.loss_type == "t3d" and self.lambda_path == 0:
             raise ValueError("loss_type='t3d' with lambda_path=0 is DDO alone: use loss_type='ddo'")

@@ -7,8 +7,9 @@ from t3d_trl.evaluation.metrics import pass_at_k
 from t3d_trl.evaluation.sandbox import check_codes
 
 _DESCRIPTION = """
-pass@k of code completions. For each task, every candidate (a program, or a completion whose last
-```python block is taken) is run with the task's tests in a separate sandboxed process
+pass@k of code completions. For each task, every candidate (a program, or a completion whose code is found
+by t3d-trl's default `entry_point` rule: the last fenced block that defines the function the tests call, else
+unfenced code that defines it, else the last fenced block) is run with the task's tests in a separate sandboxed process
 (see `t3d_trl.evaluation.sandbox`: time, memory, file-size and process limits, a private temporary
 directory, destructive calls disabled). A candidate passes only if all tests pass. pass@k is the
 unbiased estimator 1 - C(n-c, k) / C(n, k) averaged over tasks (Chen et al., 2021).
