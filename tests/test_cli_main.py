@@ -202,3 +202,24 @@ def test_a_missing_column_is_a_one_line_error(teacher, tmp_path, capsys):
     assert main(collect_argv(teacher, str(data), str(tmp_path / "out"))) == 2  # was a KeyError traceback
     line = one_line_error(capsys, "collect")
     assert "prompt_column 'problem' is not a column of the dataset" in line and "['question']" in line
+
+
+def test_generate_reads_the_prompt_from_stdin_without_echos_newline(capsys, monkeypatch):
+    import io
+
+    from t3d_trl.data import prompts
+    from t3d_trl.demo.quickstart import PACKAGED_TEACHERS
+
+    seen = []
+    real = prompts.format_user_message
+    monkeypatch.setattr(
+        prompts, "format_user_message", lambda t, row: seen.append(row["problem"]) or real(t, row)
+    )
+    argv = ["generate", "--model", str(PACKAGED_TEACHERS / "sort2"), "--no_use_chat_template", "--prompt"]
+    assert main([*argv, "h c a f b e d g ="]) == 0
+    monkeypatch.setattr("sys.stdin", io.StringIO("h c a f b e d g =\n"))  # as `echo "..." |` writes it
+    assert main([*argv, "-"]) == 0
+    assert seen == ["h c a f b e d g ="] * 2
+    capsys.readouterr()
+    assert main([*argv, "x", "--device", "bogus"]) == 2  # one line, not torch's traceback
+    assert "device 'bogus'" in capsys.readouterr().err

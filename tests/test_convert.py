@@ -217,6 +217,19 @@ def test_cli_convert(tmp_path, capsys):
     assert cli(["convert", str(src), str(tmp_path / "dst")]) == 2  # one line, no traceback
     err = capsys.readouterr().err
     assert err.startswith("t3d-trl convert: ") and "is not empty" in err and "Traceback" not in err
+    # A size in bytes, as convert_checkpoint takes it, splits the same way as its "20KB".
+    assert cli(["convert", str(src), str(tmp_path / "bytes"), "--max_shard_size", "20000"]) == 0
+    assert len(list((tmp_path / "bytes").glob("model-*-of-*.safetensors"))) == len(
+        list((tmp_path / "dst").glob("model-*-of-*.safetensors"))
+    )
+    capsys.readouterr()
+    assert (
+        cli(["convert", "org/not-cached", str(tmp_path / "none")]) == 2
+    )  # offline: named, not "no config.json"
+    assert (
+        "offline (HF_HUB_OFFLINE=1) the Hub repo 'org/not-cached' is not in the local cache"
+        in capsys.readouterr().err
+    )
 
 
 def test_converted_sdar_round_trips_its_attention_description(tmp_path):

@@ -282,6 +282,10 @@ def test_shifted_logits_read_the_previous_position(tokenizer):
         (dict(max_new_tokens=256, block_length=4), "exceeds the model's max_position_embeddings=256"),
         (dict(unknown_flag=1), "unknown generation settings: ['unknown_flag']"),
         (dict(max_new_tokens="8"), "max_new_tokens must be an integer, got '8' (str)"),
+        (
+            dict(cache="dual", cache_implementation="prefix"),
+            "cache='dual' and cache_implementation='prefix' disagree",
+        ),
         (dict(temperature="0.5"), "temperature must be a number, got '0.5' (str)"),
         (
             dict(generation_config={"max_new_tokens": 8, "tokens": 1}),

@@ -214,7 +214,7 @@ def test_refusals_and_argument_errors(tokenizer):
     lm = DiffusionLM(model, tokenizer=tokenizer, device="cpu")
     with pytest.raises(NotImplementedError, match="loglikelihood_rolling"):
         lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, ("some text",), 0)])
-    with pytest.raises(TypeError, match="unknown t3d model argument"):
+    with pytest.raises(ValueError, match="unknown t3d model argument"):
         DiffusionLM(model, tokenizer=tokenizer, device="cpu", block_lenght=4)
     with pytest.raises(ValueError, match="batch_size"):
         DiffusionLM(model, tokenizer=tokenizer, device="cpu", batch_size="auto")
@@ -257,3 +257,18 @@ def test_is_greedy_says_whether_greedy_decoding_writes_the_continuation():
         assert answers == [decoded == choice for choice in row["choices"]], (row["id"], decoded, answers)
         greedy.append(answers[0])
     assert greedy == [False, True]  # one row of each kind: the comparison above can fail either way
+
+
+def test_model_args_win_over_the_command_lines_batch_size_and_device(tokenizer, tmp_path):
+    # lm-eval always passes its own --batch_size and --device: the same keys in --model_args collided (TypeError).
+    build_bidirectional_model(tokenizer).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    lm = DiffusionLM.create_from_arg_string(
+        f"pretrained={tmp_path},batch_size=4,device=cpu",
+        {"batch_size": 1, "device": "cuda:0", "max_batch_size": None},
+    )
+    assert lm.batch_size == 4 and lm.device.type == "cpu"
+    assert (
+        DiffusionLM.create_from_arg_string(f"pretrained={tmp_path},device=cpu", {"batch_size": 2}).batch_size
+        == 2
+    )

@@ -39,9 +39,16 @@ def test_quickstart_help_documents_every_option(capsys):
         assert f"--{name}" in text, name
 
 
-def test_quickstart_rejects_unknown_methods():
+def test_quickstart_rejects_unknown_methods_and_budgets_before_any_work():
     with pytest.raises(ValueError, match=r"unknown methods \['sft'\]"):
         QuickstartConfig(methods=["t3d", "sft"])
+    # Found only by the final table before, after every stage had run.
+    with pytest.raises(
+        ValueError, match=r"eval_tokens_per_step \[3\]: each must divide the sort2 task's block"
+    ):
+        QuickstartConfig(eval_tokens_per_step=[1, 3])
+    with pytest.raises(ValueError, match=r"threshold must be in \(0, 1\], got 2"):
+        QuickstartConfig(threshold=2.0)
 
 
 def test_collect_samples_trajectories_at_the_configured_temperature(tmp_path):

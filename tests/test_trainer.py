@@ -5,7 +5,9 @@ from __future__ import annotations
 import copy
 import importlib.machinery
 import json
+import logging
 import math
+import os
 import shutil
 import types
 import warnings
@@ -451,15 +453,23 @@ def test_bad_input_is_refused_before_training(tokenizer, trajectories, tmp_path,
         T3DTrainer(model, config(tmp_path), train_dataset=dataset)
 
 
-def test_prompts_over_the_limit_are_dropped_not_truncated(tokenizer, trajectories, tmp_path):
+def test_prompts_over_the_limit_are_dropped_not_truncated(tokenizer, trajectories, tmp_path, caplog):
     dataset = trajectories["bidirectional"]
     limit = sorted(len(ids) for ids in dataset["prompt_ids"])[1]
-    trainer = T3DTrainer(
-        build_bidirectional_model(tokenizer, seed=1),
-        config(tmp_path, max_prompt_length=limit, max_completion_length=10),
-        train_dataset=dataset,
-    )
+    with caplog.at_level(logging.WARNING, logger="t3d_trl"):
+        trainer = T3DTrainer(
+            build_bidirectional_model(tokenizer, seed=1),
+            config(tmp_path, max_prompt_length=limit, max_completion_length=10),
+            train_dataset=dataset,
+        )
     kept = trainer.train_dataset
+    cut = sum(
+        len(c) > 10 for c, p in zip(dataset["completion_ids"], dataset["prompt_ids"]) if len(p) <= limit
+    )
+    assert (
+        cut
+        and f"train dataset: cut {cut} of {len(kept)} completions to max_completion_length=10" in caplog.text
+    )
     assert len(kept) == sum(len(ids) <= limit for ids in dataset["prompt_ids"])
     assert set(map(tuple, kept["prompt_ids"])) <= set(map(tuple, dataset["prompt_ids"]))
     assert max(len(ids) for ids in kept["completion_ids"]) <= 10
@@ -703,3 +713,75 @@ def test_rows_beyond_the_model_positions_are_dropped_with_a_warning(
     assert len(trainer.train_dataset) == kept < len(dataset)
     assert f"dropped {len(dataset) - kept} of {len(dataset)} rows" in caplog.text
     assert f"longer than the model's max_position_embeddings={limit}" in caplog.text
+
+
+def test_evaluation_sets_are_checked_prepared_and_named_as_training_data_is(
+    tokenizer, trajectories, tmp_path
+):
+    data = trajectories["bidirectional"]
+    with pytest.raises(
+        ValueError, match="decoded with block_causal attention but the student is bidirectional"
+    ):
+        T3DTrainer(
+            build_bidirectional_model(tokenizer, seed=1),
+            config(tmp_path / "refused"),
+            train_dataset=data,
+            eval_dataset=trajectories["block_causal"],
+        )
+    args = config(
+        tmp_path, loss_type="td", student_state_ratio=1.0, max_steps=4, eval_strategy="steps", eval_steps=2
+    )
+    trainer = train(tokenizer, data, args, eval_dataset=data)
+    # Student states are training metrics, also on a step that follows an evaluation (model in eval mode).
+    steps = [h for h in trainer.state.log_history if "loss" in h]
+    evaluations = [h for h in trainer.state.log_history if "eval_loss" in h]
+    assert len(steps) == 4 and all(h["student_states"] == 1.0 for h in steps)
+    assert len(evaluations) == 2 and not any("eval_student_states" in h for h in evaluations)
+
+    def scores(metrics):  # without the timings
+        return {k: v for k, v in metrics.items() if not k.endswith(("runtime", "per_second"))}
+
+    first = scores(trainer.evaluate())
+    assert {"eval_loss", "eval_masked_token_accuracy", "epoch"} <= set(first)
+    # A dataset passed to evaluate or predict is prepared as the training set is, on the same epoch-0 states;
+    # predict's metrics go into its output, not into the next evaluation.
+    assert scores(trainer.evaluate(data)) == pytest.approx(first)
+    predicted = trainer.predict(data).metrics
+    assert predicted["test_loss"] == pytest.approx(first["eval_loss"])
+    assert predicted["test_masked_token_accuracy"] == pytest.approx(first["eval_masked_token_accuracy"])
+    assert scores(trainer.evaluate()) == pytest.approx(first)
+    named = trainer.evaluate(metric_key_prefix="dev")
+    assert "dev_masked_token_accuracy" in named and "eval_masked_token_accuracy" not in named
+    bad = data.map(lambda row: {"completion_ids": [10**6, *row["completion_ids"][1:]]})
+    with pytest.raises(ValueError, match="row 0"):
+        trainer.evaluate(bad)
+
+
+def test_a_pushed_checkpoint_carries_an_adapters_decoding_defaults(
+    tokenizer, trajectories, tmp_path, monkeypatch
+):
+    # transformers uploads output_dir after copying a fixed list of model files into it from the checkpoint: the
+    # adapter's diffusion_config.json must be copied too, or the Hub copy loads without the distilled budget.
+    import transformers
+
+    from t3d_trl.models.auto import ADAPTER_DEFAULTS_FILE
+
+    uploaded = []
+    monkeypatch.setattr(
+        transformers.Trainer,
+        "_push_from_checkpoint",
+        lambda self, folder: uploaded.append(sorted(os.listdir(self.args.output_dir))),
+    )
+    trainer = T3DTrainer(
+        build_bidirectional_model(tokenizer, seed=1),
+        config(tmp_path),
+        train_dataset=trajectories["bidirectional"],
+    )
+    checkpoint = tmp_path / "out" / "checkpoint-2"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / ADAPTER_DEFAULTS_FILE).write_text('{"diffusion_generation": {"tokens_per_step": 2}}')
+    trainer._push_from_checkpoint(str(checkpoint))
+    assert uploaded == [sorted([ADAPTER_DEFAULTS_FILE, "checkpoint-2"])]
+    assert (tmp_path / "out" / ADAPTER_DEFAULTS_FILE).read_text() == (
+        checkpoint / ADAPTER_DEFAULTS_FILE
+    ).read_text()

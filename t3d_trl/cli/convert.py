@@ -10,6 +10,7 @@ weights shard by shard, so it needs about one shard of memory. See :func:`t3d_tr
 from __future__ import annotations
 
 import argparse
+import os
 
 from .parsing import ArgumentParser
 
@@ -23,7 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--max_shard_size",
         default=None,
-        help="largest output shard, e.g. 5GB (default: the largest source shard)",
+        type=lambda text: int(text) if text.isdigit() else text,  # bytes, or a size such as 5GB
+        help="largest output shard, in bytes or e.g. 5GB (default: the largest source shard)",
     )
     parser.add_argument("--dtype", default=None, help="cast the weights, e.g. bfloat16 (default: keep)")
     parser.add_argument("--revision", default=None, help="Hub revision of SRC")
@@ -34,8 +36,13 @@ def main(argv: list[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
 
+    from ..models.auto import check_model_source
     from ..models.convert import convert_checkpoint
 
+    if not os.path.isdir(
+        args.src
+    ):  # a missing folder or an uncached Hub id (offline), named as `generate` does
+        check_model_source(args.src, revision=args.revision)
     dst = convert_checkpoint(
         args.src, args.dst, max_shard_size=args.max_shard_size, dtype=args.dtype, revision=args.revision
     )

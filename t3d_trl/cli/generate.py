@@ -61,7 +61,8 @@ def main(argv: list[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     overrides = decoding_overrides(args)
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    # The newline `echo` ends stdin with is not part of the prompt.
+    prompt = sys.stdin.read().removesuffix("\n") if args.prompt == "-" else args.prompt
 
     import torch
 

@@ -61,7 +61,8 @@ def t3d_model_arguments_help() -> str:
     names = [f.name for f in decoding_fields() if f.name != "eos_token_id"]  # model_args take no lists
     return (
         "\nmodel arguments of --model t3d (--model_args pretrained=PATH,key=value,...): pretrained, tokenizer, peft, "
-        "dtype, device, batch_size, seed, mc_num, mc_batch_size, and every decoding setting (unset: the model's "
+        "dtype, device, batch_size, seed, mc_num, mc_batch_size, estimator, cfg, is_check_greedy, and every "
+        "decoding setting (unset: the model's "
         f"saved one): {', '.join(names)}. See docs/cli.md#decoding-options."
     )
 

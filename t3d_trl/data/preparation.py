@@ -220,6 +220,17 @@ def prepare_training_dataset(
         raise ValueError(f"{name} dataset has no usable rows")
     dataset = dataset.remove_columns([c for c in dataset.column_names if c not in needed])
     limit = max_completion_length
+    if limit is not None:  # documented, but said: a cut changes what the student learns from
+        lengths = pc.list_value_length(table["completion_ids"]).to_numpy(zero_copy_only=False)[~drop]
+        cut = int((lengths > limit).sum())
+        if cut:
+            logger.warning(
+                "%s dataset: cut %d of %d completions to max_completion_length=%d tokens",
+                name,
+                cut,
+                len(lengths),
+                limit,
+            )
 
     def finish(batch: dict[str, list], indices: list[int]) -> dict[str, list]:
         if limit is not None:

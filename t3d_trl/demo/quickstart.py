@@ -96,6 +96,16 @@ class QuickstartConfig:
             raise ValueError(f"unknown methods {unknown}; choose from {list(METHODS)}")
         if not self.methods:
             raise ValueError("methods must name at least one distillation method")
+        # The evaluation budgets are checked here, not after the teacher and the students have trained.
+        block_length = get_task(self.task).block_length
+        bad = [k for k in self.eval_tokens_per_step if k < 1 or block_length % k]
+        if bad or not self.eval_tokens_per_step:
+            raise ValueError(
+                f"eval_tokens_per_step {bad or '[]'}: each must divide the {self.task} task's block length "
+                f"{block_length}"
+            )
+        if not 0 < self.threshold <= 1:
+            raise ValueError(f"threshold must be in (0, 1], got {self.threshold}")
         if self.fast:
             self.teacher_steps = min(self.teacher_steps, 20)
             self.num_trajectories = min(self.num_trajectories, 256)

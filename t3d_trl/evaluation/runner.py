@@ -374,6 +374,12 @@ def load_model(path: str, dtype: str = "auto", device: str | None = None) -> tup
         raise ValueError(f"dtype must be 'auto' or a torch dtype name such as 'bfloat16', got {dtype!r}")
     torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        kind = torch.device(device).type
+    except RuntimeError as err:
+        raise ValueError(f"device {device!r}: {err}") from err
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r}: no CUDA GPU on this machine (use cpu, or leave it unset)")
     check_model_source(path)
     model = AutoModelForDiffusionLM.from_pretrained(path, dtype=torch_dtype).to(device).eval()
     try:

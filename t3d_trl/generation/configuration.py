@@ -252,7 +252,13 @@ class DiffusionGenerationConfig:
             if cache is not None:
                 if cache not in CACHES:
                     raise ValueError(f"cache must be one of {CACHES}, got {cache!r}")
-                overrides.setdefault("cache_implementation", None if cache == "none" else cache)
+                old = None if cache == "none" else cache
+                if overrides.get("cache_implementation", old) != old:
+                    raise ValueError(
+                        f"cache={cache!r} and cache_implementation={overrides['cache_implementation']!r} "
+                        "disagree: give cache_implementation alone (cache is its old spelling)"
+                    )
+                overrides["cache_implementation"] = old
         return replace(self, **overrides)
 
     def to_dict(self) -> dict[str, Any]:

@@ -121,6 +121,16 @@ class DiffusionLM(TemplateLM):
             ``threshold``...), over the settings saved with the model.
     """
 
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> DiffusionLM:
+        """``--model_args`` plus the command line's own ``--batch_size`` and ``--device``, which lm-eval always
+        passes: a value given in ``--model_args`` wins instead of colliding with them."""
+        from lm_eval.utils import simple_parse_args_string
+
+        args = simple_parse_args_string(arg_string)
+        extra = {k: v for k, v in (additional_config or {}).items() if v is not None and k not in args}
+        return cls(**args, **extra)
+
     def __init__(
         self,
         pretrained: str | torch.nn.Module,
@@ -139,8 +149,8 @@ class DiffusionLM(TemplateLM):
     ) -> None:
         super().__init__()
         unknown = sorted(set(generation_kwargs) - _GENERATION_FIELDS)
-        if unknown:
-            raise TypeError(
+        if unknown:  # bad input (a misspelt --model_args key): the command line reports it in one line
+            raise ValueError(
                 f"unknown t3d model argument(s) {unknown}; the model takes pretrained, tokenizer, peft, dtype, "
                 "device, batch_size, seed, mc_num, mc_batch_size, estimator, cfg, is_check_greedy and the "
                 f"generation settings {sorted(_GENERATION_FIELDS)}"

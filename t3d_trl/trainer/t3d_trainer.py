@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
+import shutil
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +31,7 @@ from ..data.preparation import (
 from ..data.schema import TrajectoryMetadata
 from ..diffusion.forward import accepts_4d_mask, diffusion_forward, unwrap_model
 from ..generation.configuration import DiffusionGenerationConfig
-from ..models.auto import AutoModelForDiffusionLM, save_adapter_defaults
+from ..models.auto import ADAPTER_DEFAULTS_FILE, AutoModelForDiffusionLM, save_adapter_defaults
 from ..utils import without_checkpointing_deprecation
 from . import checkpoints, losses
 from .checks import check_launch, check_student
@@ -144,10 +147,11 @@ class T3DTrainer(_BaseTrainer):
             train_dataset = self._prepare_dataset(train_dataset, args, processing_class, "train")
             if isinstance(eval_dataset, dict):
                 eval_dataset = {
-                    k: self._prepare_dataset(v, args, processing_class, k) for k, v in eval_dataset.items()
+                    k: self._prepare_eval_dataset(v, args, processing_class, k)
+                    for k, v in eval_dataset.items()
                 }
             elif eval_dataset is not None:
-                eval_dataset = self._prepare_dataset(eval_dataset, args, processing_class, "eval")
+                eval_dataset = self._prepare_eval_dataset(eval_dataset, args, processing_class, "eval")
         if data_collator is None:
             data_collator = self._default_collator(args, processing_class, inner)
 
@@ -178,6 +182,9 @@ class T3DTrainer(_BaseTrainer):
             "eval": defaultdict(list),
         }
         self._micro_batch = 0  # index of the micro-batch in the accumulated step (keys the student states)
+        self._eval_prefix = (
+            "eval"  # metric_key_prefix of the evaluation running (``log`` names its metrics so)
+        )
         if hasattr(self.model, "add_model_tags"):
             self.model.add_model_tags(self._tag_names)
 
@@ -263,6 +270,16 @@ class T3DTrainer(_BaseTrainer):
             max_completion_length=args.max_completion_length,
             num_proc=args.dataset_num_proc,
         )
+
+    def _prepare_eval_dataset(
+        self, dataset: datasets.Dataset, args: T3DConfig, tokenizer: Any, name: str
+    ) -> datasets.Dataset:
+        """An evaluation set, checked against the student as the training set is (attention, block length,
+        vocabulary, mask token), then prepared the same way."""
+        metadata = TrajectoryMetadata.from_dataset(dataset) if hasattr(dataset, "info") else None
+        resolve_block_length(self.block_length, metadata, self.diffusion, args.loss_type in TRAJECTORY_LOSSES)
+        check_trajectory_metadata(metadata, self.diffusion, self._vocab_size)
+        return self._prepare_dataset(dataset, args, tokenizer, name)
 
     def _set_generation_defaults(
         self, inner: PreTrainedModel, args: T3DConfig, metadata: TrajectoryMetadata | None
@@ -410,7 +427,9 @@ class T3DTrainer(_BaseTrainer):
             self.args.tokens_per_step,
             labels=self.args.student_state_labels,
         )
-        self._record({"student_states": chosen.float().mean()})
+        self._record(
+            {"student_states": chosen.float().mean()}, mode="train"
+        )  # before training_step's model.train()
         return out
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
@@ -479,34 +498,58 @@ class T3DTrainer(_BaseTrainer):
             self._record(metrics)
         return (loss, {"logits": logits}) if return_outputs else loss
 
-    def _record(self, metrics: dict[str, torch.Tensor]) -> None:
-        mode = "train" if self.model.training else "eval"
+    def _record(self, metrics: dict[str, torch.Tensor], mode: str | None = None) -> None:
+        mode = mode or ("train" if self.model.training else "eval")
         names = sorted(metrics)
         values = torch.stack([metrics[n].detach().float().nan_to_num(0.0) for n in names])
         values = self.accelerator.gather(values.unsqueeze(0)).mean(0)
         for name, value in zip(names, values.tolist()):
             self._metrics[mode][name].append(value)
 
+    def _mean_metrics(self, mode: str, prefix: str = "") -> dict[str, float]:
+        """The recorded metrics of ``mode`` averaged (and cleared), their names prefixed."""
+        metrics = {f"{prefix}{k}": sum(v) / len(v) for k, v in self._metrics[mode].items() if v}
+        self._metrics[mode].clear()
+        return metrics
+
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         mode = "train" if self.model.training else "eval"
-        metrics = {k: sum(v) / len(v) for k, v in self._metrics[mode].items() if v}
-        if mode == "eval":
-            metrics = {f"eval_{k}": v for k, v in metrics.items()}
-        logs.update(metrics)
+        logs.update(self._mean_metrics(mode, f"{self._eval_prefix}_" if mode == "eval" else ""))
         super().log(logs, start_time)
-        self._metrics[mode].clear()
 
-    def evaluate(self, *args, **kwargs):
-        # Evaluation states are drawn as in epoch 0 every time, so evaluations are comparable across training.
-        collator = self.data_collator
+    @contextlib.contextmanager
+    def _evaluation(self, dataset: Any, prefix: str) -> Iterator[Any]:
+        """What ``evaluate`` and ``predict`` share: a dataset passed to them is checked and prepared as the
+        training set is; states are drawn as in epoch 0 every time, so evaluations are comparable across
+        training; metrics are named with ``prefix``."""
+        if isinstance(dataset, datasets.Dataset):
+            with self.args.main_process_first(desc="dataset preparation"):
+                dataset = self._prepare_eval_dataset(dataset, self.args, self.processing_class, prefix)
+        collator, self._eval_prefix = self.data_collator, prefix
         epoch = getattr(collator, "epoch", None)
         if epoch is not None:
             collator.epoch = 0
         try:
-            return super().evaluate(*args, **kwargs)
+            yield dataset
         finally:
+            self._eval_prefix = "eval"
             if epoch is not None:
                 collator.epoch = epoch
+
+    def evaluate(
+        self, eval_dataset: Any = None, ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval"
+    ) -> dict[str, float]:
+        with self._evaluation(eval_dataset, metric_key_prefix) as dataset:
+            return super().evaluate(dataset, ignore_keys, metric_key_prefix)
+
+    def predict(
+        self, test_dataset: Any, ignore_keys: list[str] | None = None, metric_key_prefix: str = "test"
+    ) -> Any:
+        with self._evaluation(test_dataset, metric_key_prefix) as dataset:
+            output = super().predict(dataset, ignore_keys, metric_key_prefix)
+        # predict logs nothing: its metrics go into its output, not into the next evaluation's log.
+        output.metrics.update(self._mean_metrics("eval", f"{metric_key_prefix}_"))
+        return output
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         inputs = self._prepare_inputs(inputs)
@@ -527,6 +570,14 @@ class T3DTrainer(_BaseTrainer):
             model
         ):  # an adapter has no config.json: keep the distilled decoding defaults with it
             save_adapter_defaults(model, output_dir or self.args.output_dir)
+
+    def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
+        # transformers copies a fixed list of model files into output_dir and uploads that: an adapter's
+        # decoding defaults must travel with it.
+        defaults = os.path.join(checkpoint_folder, ADAPTER_DEFAULTS_FILE)
+        if self.is_world_process_zero() and os.path.isfile(defaults):
+            shutil.copy(defaults, os.path.join(self.args.output_dir, ADAPTER_DEFAULTS_FILE))
+        super()._push_from_checkpoint(checkpoint_folder)
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
         """:meth:`transformers.Trainer.train`, safe to rerun into the same ``output_dir``.
