@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
 import shutil
-from collections import defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +32,7 @@ from ..models.auto import ADAPTER_DEFAULTS_FILE, AutoModelForDiffusionLM, save_a
 from ..utils import without_checkpointing_deprecation
 from . import checkpoints, losses
 from .checks import check_launch, check_student
+from .evaluation import MetricsMixin
 from .model_card import PAPER, write_model_card
 from .reference import (
     REF_ADAPTER,
@@ -69,7 +67,7 @@ class _T3DCallback(TrainerCallback):
             self.trainer.sync_reference()
 
 
-class T3DTrainer(_BaseTrainer):
+class T3DTrainer(MetricsMixin, _BaseTrainer):
     """Trainer for T3D (trajectory self-distillation with DDO) and its baselines.
 
     Args:
@@ -177,14 +175,8 @@ class T3DTrainer(_BaseTrainer):
         self._check_launch()
         self._build_frozen_models(args)
         self.add_callback(_T3DCallback(self))
-        self._metrics: dict[str, dict[str, list[float]]] = {
-            "train": defaultdict(list),
-            "eval": defaultdict(list),
-        }
+        self._init_metrics()
         self._micro_batch = 0  # index of the micro-batch in the accumulated step (keys the student states)
-        self._eval_prefix = (
-            "eval"  # metric_key_prefix of the evaluation running (``log`` names its metrics so)
-        )
         if hasattr(self.model, "add_model_tags"):
             self.model.add_model_tags(self._tag_names)
 
@@ -497,65 +489,6 @@ class T3DTrainer(_BaseTrainer):
             metrics["masked_entropy"] = -(logp_all.exp() * logp_all).sum(-1).mean()
             self._record(metrics)
         return (loss, {"logits": logits}) if return_outputs else loss
-
-    def _record(self, metrics: dict[str, torch.Tensor], mode: str | None = None) -> None:
-        mode = mode or ("train" if self.model.training else "eval")
-        names = sorted(metrics)
-        values = torch.stack([metrics[n].detach().float().nan_to_num(0.0) for n in names])
-        values = self.accelerator.gather(values.unsqueeze(0)).mean(0)
-        for name, value in zip(names, values.tolist()):
-            self._metrics[mode][name].append(value)
-
-    def _mean_metrics(self, mode: str, prefix: str = "") -> dict[str, float]:
-        """The recorded metrics of ``mode`` averaged (and cleared), their names prefixed."""
-        metrics = {f"{prefix}{k}": sum(v) / len(v) for k, v in self._metrics[mode].items() if v}
-        self._metrics[mode].clear()
-        return metrics
-
-    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        mode = "train" if self.model.training else "eval"
-        logs.update(self._mean_metrics(mode, f"{self._eval_prefix}_" if mode == "eval" else ""))
-        super().log(logs, start_time)
-
-    @contextlib.contextmanager
-    def _evaluation(self, dataset: Any, prefix: str) -> Iterator[Any]:
-        """What ``evaluate`` and ``predict`` share: a dataset passed to them is checked and prepared as the
-        training set is; states are drawn as in epoch 0 every time, so evaluations are comparable across
-        training; metrics are named with ``prefix``."""
-        if isinstance(dataset, datasets.Dataset):
-            with self.args.main_process_first(desc="dataset preparation"):
-                dataset = self._prepare_eval_dataset(dataset, self.args, self.processing_class, prefix)
-        collator, self._eval_prefix = self.data_collator, prefix
-        epoch = getattr(collator, "epoch", None)
-        if epoch is not None:
-            collator.epoch = 0
-        try:
-            yield dataset
-        finally:
-            self._eval_prefix = "eval"
-            if epoch is not None:
-                collator.epoch = epoch
-
-    def evaluate(
-        self, eval_dataset: Any = None, ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval"
-    ) -> dict[str, float]:
-        with self._evaluation(eval_dataset, metric_key_prefix) as dataset:
-            return super().evaluate(dataset, ignore_keys, metric_key_prefix)
-
-    def predict(
-        self, test_dataset: Any, ignore_keys: list[str] | None = None, metric_key_prefix: str = "test"
-    ) -> Any:
-        with self._evaluation(test_dataset, metric_key_prefix) as dataset:
-            output = super().predict(dataset, ignore_keys, metric_key_prefix)
-        # predict logs nothing: its metrics go into its output, not into the next evaluation's log.
-        output.metrics.update(self._mean_metrics("eval", f"{metric_key_prefix}_"))
-        return output
-
-    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
-        inputs = self._prepare_inputs(inputs)
-        with torch.no_grad(), self.compute_loss_context_manager():
-            loss = self.compute_loss(model, inputs)
-        return loss.detach(), None, None
 
     # ---- checkpoints (trainer.checkpoints) and the model card -------------------------------------------------
 

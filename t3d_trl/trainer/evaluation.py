@@ -1,0 +1,88 @@
+"""The trainer's own metrics and its evaluation: what ``evaluate`` and ``predict`` share.
+
+Loss terms, DDO log-ratios, masked-token accuracy and entropy are recorded per micro-batch (averaged over
+processes) and logged with the trainer's logs; evaluation draws every state as in epoch 0, so evaluations are
+comparable across training, and a dataset passed to ``evaluate`` or ``predict`` is checked and prepared as the
+training set is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+import datasets
+import torch
+
+
+class MetricsMixin:
+    """Mixed into :class:`~t3d_trl.trainer.T3DTrainer` before transformers' ``Trainer``."""
+
+    _eval_prefix = "eval"  # metric_key_prefix of the evaluation running: ``log`` names its metrics so
+
+    def _init_metrics(self) -> None:
+        self._metrics: dict[str, dict[str, list[float]]] = {
+            "train": defaultdict(list),
+            "eval": defaultdict(list),
+        }
+
+    def _record(self, metrics: dict[str, torch.Tensor], mode: str | None = None) -> None:
+        mode = mode or ("train" if self.model.training else "eval")
+        names = sorted(metrics)
+        values = torch.stack([metrics[n].detach().float().nan_to_num(0.0) for n in names])
+        values = self.accelerator.gather(values.unsqueeze(0)).mean(0)
+        for name, value in zip(names, values.tolist()):
+            self._metrics[mode][name].append(value)
+
+    def _mean_metrics(self, mode: str, prefix: str = "") -> dict[str, float]:
+        """The recorded metrics of ``mode`` averaged (and cleared), their names prefixed."""
+        metrics = {f"{prefix}{k}": sum(v) / len(v) for k, v in self._metrics[mode].items() if v}
+        self._metrics[mode].clear()
+        return metrics
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        mode = "train" if self.model.training else "eval"
+        logs.update(self._mean_metrics(mode, f"{self._eval_prefix}_" if mode == "eval" else ""))
+        super().log(logs, start_time)
+
+    @contextlib.contextmanager
+    def _evaluation(self, dataset: Any, prefix: str) -> Iterator[Any]:
+        """What ``evaluate`` and ``predict`` share: a dataset passed to them is checked and prepared as the
+        training set is; states are drawn as in epoch 0 every time, so evaluations are comparable across
+        training; metrics are named with ``prefix``."""
+        if isinstance(dataset, datasets.Dataset):
+            with self.args.main_process_first(desc="dataset preparation"):
+                dataset = self._prepare_eval_dataset(dataset, self.args, self.processing_class, prefix)
+        collator, self._eval_prefix = self.data_collator, prefix
+        epoch = getattr(collator, "epoch", None)
+        if epoch is not None:
+            collator.epoch = 0
+        try:
+            yield dataset
+        finally:
+            self._eval_prefix = "eval"
+            if epoch is not None:
+                collator.epoch = epoch
+
+    def evaluate(
+        self, eval_dataset: Any = None, ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval"
+    ) -> dict[str, float]:
+        with self._evaluation(eval_dataset, metric_key_prefix) as dataset:
+            return super().evaluate(dataset, ignore_keys, metric_key_prefix)
+
+    def predict(
+        self, test_dataset: Any, ignore_keys: list[str] | None = None, metric_key_prefix: str = "test"
+    ) -> Any:
+        with self._evaluation(test_dataset, metric_key_prefix) as dataset:
+            output = super().predict(dataset, ignore_keys, metric_key_prefix)
+        # predict logs nothing: its metrics go into its output, not into the next evaluation's log.
+        output.metrics.update(self._mean_metrics("eval", f"{metric_key_prefix}_"))
+        return output
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        inputs = self._prepare_inputs(inputs)
+        with torch.no_grad(), self.compute_loss_context_manager():
+            loss = self.compute_loss(model, inputs)
+        return loss.detach(), None, None
