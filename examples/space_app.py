@@ -22,7 +22,10 @@ def _words(name: str) -> list[str]:
     return os.environ.get(name, "").split()
 
 
-models = dict(item.split("=", 1) for item in _words("T3D_TRL_MODELS")) or None
+entries = _words("T3D_TRL_MODELS")
+if any("=" not in item for item in entries):
+    raise ValueError(f"T3D_TRL_MODELS holds NAME=PATH entries separated by spaces, got {entries}")
+models = dict(item.split("=", 1) for item in entries) or None
 demo = build_app(
     models,
     _words("T3D_TRL_COLUMNS") or None,

@@ -150,6 +150,8 @@ def test_dtype_cast(tmp_path):
         assert {f.get_tensor(k).dtype for k in names} == {torch.bfloat16}
     with pytest.raises(ValueError, match="floating-point torch dtype such as 'bfloat16', got torch.int8"):
         convert_checkpoint(src, tmp_path / "bad", dtype=torch.int8)
+    with pytest.raises(ValueError, match="got 'float8_e4m3fn'"):  # floating point, but no plain cast keeps it
+        convert_checkpoint(src, tmp_path / "bad", dtype="float8_e4m3fn")
     with pytest.raises(ValueError, match="got 'bf16'"):
         convert_checkpoint(src, tmp_path / "bad", dtype="bf16")
 

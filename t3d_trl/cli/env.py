@@ -20,6 +20,8 @@ PACKAGES = (
     "math-verify",
     "safetensors",
     "tokenizers",
+    "lm_eval",  # the optional commands' libraries: lm-eval and playground
+    "gradio",
 )
 
 

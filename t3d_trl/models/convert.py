@@ -118,7 +118,8 @@ def convert_checkpoint(
     config = family.native_config(raw)
     if dtype is not None:
         resolved = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
-        if not isinstance(resolved, torch.dtype) or not resolved.is_floating_point:
+        # The dtypes a plain cast keeps the weights in (float8 needs scales; the cast fails inside safetensors).
+        if resolved not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
             raise ValueError(f"dtype must be a floating-point torch dtype such as 'bfloat16', got {dtype!r}")
         dtype = config.dtype = resolved
     tokenizer = family.load_tokenizer(src, config, hub_kwargs)
