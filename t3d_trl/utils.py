@@ -38,11 +38,19 @@ def load_data_folder(path: str | os.PathLike, split: str = "train") -> Any:
     (say, a model folder passed by mistake) raises ``ValueError`` naming it instead of ``datasets``' traceback."""
     import datasets
 
+    return _read_dataset(
+        f"the folder {str(path)!r} as a dataset", datasets.load_dataset, str(path), split=split
+    )
+
+
+def _read_dataset(what: str, load: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``load(*args, **kwargs)``, with datasets' failures to parse the data as one ``ValueError`` naming ``what``."""
+    import datasets
+
     try:
-        return datasets.load_dataset(str(path), split=split)
-    except datasets.exceptions.DatasetGenerationError as err:
-        cause = err.__cause__ or err
-        raise ValueError(f"cannot read the folder {str(path)!r} as a dataset: {cause}") from err
+        return load(*args, **kwargs)
+    except (StopIteration, datasets.exceptions.DatasetGenerationError) as err:
+        raise ValueError(f"cannot read {what}: {err.__cause__ or err}") from err
 
 
 def load_data_file(path: str | os.PathLike, split: str = "train") -> Any:
@@ -64,11 +72,13 @@ def load_data_file(path: str | os.PathLike, split: str = "train") -> Any:
         raise FileNotFoundError(f"data file {str(path)!r} does not exist")
     if not path.read_bytes().strip():
         raise ValueError(f"data file {str(path)!r} is empty")
-    try:
-        return datasets.load_dataset(builder, data_files={split: str(path)}, split=split)
-    except (StopIteration, datasets.exceptions.DatasetGenerationError) as err:
-        cause = err.__cause__ or err
-        raise ValueError(f"cannot read data file {str(path)!r} as {builder}: {cause}") from err
+    return _read_dataset(
+        f"data file {str(path)!r} as {builder}",
+        datasets.load_dataset,
+        builder,
+        data_files={split: str(path)},
+        split=split,
+    )
 
 
 def write_atomically(path: Path, write: Callable[[Path], None]) -> None:

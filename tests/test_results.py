@@ -35,6 +35,35 @@ def retrain(model, path) -> None:
     model.save_pretrained(path)
 
 
+def evaluated_benchmarks(monkeypatch) -> list:
+    """The benchmark of every run the grid evaluates (with the grid's code extraction rule), recorded."""
+    calls = []
+    real = runner.evaluate_model
+
+    def recording(*args, **kwargs):
+        calls.append(args[2])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "evaluate_model", recording)
+    return calls
+
+
+def small_grid(path, benchmark: str, benchmark_files, output, **kwargs):
+    """One model, one benchmark, one decoding setting of 4 tokens."""
+    return runner.run_grid(
+        {"m": str(path)},
+        [benchmark],
+        block_lengths=[4],
+        tokens_per_step=[4],
+        generation_kwargs={"max_new_tokens": 4},
+        data_files={benchmark: benchmark_files[benchmark]},
+        output_dir=output,
+        progress=False,
+        device="cpu",
+        **kwargs,
+    )
+
+
 def test_fingerprint_changes_with_weights_and_saved_settings_only(saved_model, monkeypatch):
     model, path = saved_model
     first = model_fingerprint(str(path))
@@ -89,28 +118,11 @@ def test_plan_skips_only_unchanged_models(saved_model, caplog):
 
 def test_rerun_evaluates_a_retrained_model_again(saved_model, benchmark_files, tmp_path, monkeypatch, caplog):
     model, path = saved_model
-    calls: list[str] = []
-    real = runner.evaluate_model
-
-    def counting(*args, **kwargs):
-        calls.append("run")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(runner, "evaluate_model", counting)
+    calls = evaluated_benchmarks(monkeypatch)
     output = tmp_path / "eval"
 
     def grid():
-        return runner.run_grid(
-            {"m": str(path)},
-            ["gsm8k"],
-            block_lengths=[4],
-            tokens_per_step=[4],
-            generation_kwargs={"max_new_tokens": 4},
-            data_files={"gsm8k": benchmark_files["gsm8k"]},
-            output_dir=output,
-            progress=False,
-            device="cpu",
-        )
+        return small_grid(path, "gsm8k", benchmark_files, output)
 
     grid()
     recorded = json.loads((output / "results.json").read_text())["results"][0]["model_fingerprint"]
@@ -138,35 +150,17 @@ def test_rerun_with_another_code_extraction_rule_evaluates_again(
     saved_model, benchmark_files, tmp_path, monkeypatch
 ):
     _, path = saved_model
-    rules: list[str] = []
-    real = runner.evaluate_model
-
-    def recording(*args, **kwargs):
-        rules.append(args[2].code_extraction)  # the benchmark, with the grid's rule
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(runner, "evaluate_model", recording)
+    calls = evaluated_benchmarks(monkeypatch)
 
     def grid(rule):
-        return runner.run_grid(
-            {"m": str(path)},
-            ["mbpp"],
-            block_lengths=[4],
-            tokens_per_step=[4],
-            generation_kwargs={"max_new_tokens": 4},
-            data_files={"mbpp": benchmark_files["mbpp"]},
-            output_dir=tmp_path / "eval",
-            progress=False,
-            device="cpu",
-            code_extraction=rule,
-        )
+        return small_grid(path, "mbpp", benchmark_files, tmp_path / "eval", code_extraction=rule)
 
     grid(None)
     grid("entry_point")  # the default rule, named: the same runs
-    assert len(rules) == 1
+    assert len(calls) == 1
     grid("last_block")  # another rule: the scores would differ, so the run is evaluated again
     grid("last_block")
-    assert rules == ["entry_point", "last_block"]
+    assert [benchmark.code_extraction for benchmark in calls] == ["entry_point", "last_block"]
     (entry,) = json.loads((tmp_path / "eval" / "results.json").read_text())["results"]
     assert entry["run_key"]["code_extraction"] == "last_block"
     with pytest.raises(ValueError, match="code_extraction must be one of"):

@@ -10,7 +10,6 @@ weights shard by shard, so it needs about one shard of memory. See :func:`t3d_tr
 from __future__ import annotations
 
 import argparse
-import os
 
 from .parsing import ArgumentParser
 
@@ -36,13 +35,8 @@ def main(argv: list[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
 
-    from ..models.auto import check_model_source
     from ..models.convert import convert_checkpoint
 
-    if not os.path.isdir(
-        args.src
-    ):  # a missing folder or an uncached Hub id (offline), named as `generate` does
-        check_model_source(args.src, revision=args.revision)
     dst = convert_checkpoint(
         args.src, args.dst, max_shard_size=args.max_shard_size, dtype=args.dtype, revision=args.revision
     )

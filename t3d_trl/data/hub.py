@@ -201,9 +201,8 @@ def load_trajectories(
             if split not in dataset:
                 raise ValueError(f"{path} has splits {list(dataset)}, not {split!r}")
             dataset = dataset[split]
-        elif (
-            split != "train"
-        ):  # one dataset is its "train" split: another name would silently read the same rows
+        elif split != "train":
+            # One dataset is its "train" split: another name would silently read the same rows.
             raise ValueError(
                 f"{path} holds one dataset without splits (it reads as split 'train'), not split {split!r}: keep "
                 "evaluation rows in a dataset of their own"

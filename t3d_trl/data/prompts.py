@@ -64,10 +64,11 @@ def template_fields(template: str) -> list[str]:
 def format_user_message(template: str, row: Mapping[str, Any]) -> str:
     """Fill a template from a source row, naming the missing column if there is one."""
     pattern = resolve_template(template)
-    missing = [name for name in template_fields(pattern) if name not in row]
+    names = template_fields(pattern)
+    missing = [name for name in names if name not in row]
     if missing:
         raise MissingKeyError(f"prompt template needs column(s) {missing}; the row has {sorted(row)}")
-    empty = [name for name in template_fields(pattern) if row[name] is None]
+    empty = [name for name in names if row[name] is None]
     if empty:  # str.format would write the word "None" into the prompt
         raise ValueError(f"prompt template field(s) {empty} are empty (None) in this row: drop or fill it")
     return pattern.format(**row)

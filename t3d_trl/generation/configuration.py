@@ -289,12 +289,7 @@ class DiffusionGenerationConfig:
     @classmethod
     def from_model_config(cls, config: Any) -> DiffusionGenerationConfig:
         """The generation defaults stored with a model (or the class defaults)."""
-        data = getattr(config, CONFIG_KEY, None)
-        if data is None:
-            return cls()
-        if isinstance(data, DiffusionGenerationConfig):
-            return data
-        return cls.from_dict(dict(data))
+        return cls.parse(getattr(config, CONFIG_KEY, None)) or cls()
 
     def save_to_model_config(self, config: Any) -> None:
         """Store as the model's defaults (travels with ``save_pretrained`` and ``push_to_hub``)."""

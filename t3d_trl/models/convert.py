@@ -108,6 +108,12 @@ def convert_checkpoint(
     if dst.exists() and any(dst.iterdir()):
         raise FileExistsError(f"destination {dst} is not empty; choose a new folder")
     hub_kwargs = {k: v for k, v in (("revision", revision), ("token", token)) if v is not None}
+    if not os.path.isdir(
+        src
+    ):  # a missing folder, or (offline) an uncached Hub id: named as from_pretrained does
+        from .auto import check_model_source  # here: auto imports this module
+
+        check_model_source(src, **hub_kwargs)
     raw = read_json(src, CONFIG_FILE, hub_kwargs)
     family = get_family(raw.get("model_type"))
     if family is None:

@@ -55,14 +55,14 @@ class MetricsMixin:
         if isinstance(dataset, datasets.Dataset):
             with self.args.main_process_first(desc="dataset preparation"):
                 dataset = self._prepare_eval_dataset(dataset, self.args, self.processing_class, prefix)
-        collator, self._eval_prefix = self.data_collator, prefix
+        collator, previous, self._eval_prefix = self.data_collator, self._eval_prefix, prefix
         epoch = getattr(collator, "epoch", None)
         if epoch is not None:
             collator.epoch = 0
         try:
             yield dataset
         finally:
-            self._eval_prefix = "eval"
+            self._eval_prefix = previous  # a dict of eval sets nests one evaluate per set
             if epoch is not None:
                 collator.epoch = epoch
 

@@ -130,16 +130,12 @@ class T3DTrainer(MetricsMixin, _BaseTrainer):
         model = self._wrap_peft(model, peft_config, args)
 
         # Data: trajectories checked against the student, then prepared (data.preparation).
-        metadata = TrajectoryMetadata.from_dataset(train_dataset) if hasattr(train_dataset, "info") else None
+        metadata, self.block_length = self._check_trajectories(train_dataset, args.block_length, args)
         self.trajectory_metadata = metadata
-        self.block_length = resolve_block_length(
-            args.block_length, metadata, self.diffusion, args.loss_type in TRAJECTORY_LOSSES
-        )
         if args.loss_type != "mdlm" and self.block_length % args.tokens_per_step:
             raise ValueError(
                 f"block_length={self.block_length} is not a multiple of tokens_per_step={args.tokens_per_step}"
             )
-        check_trajectory_metadata(metadata, self.diffusion, self._vocab_size)
         # The main process prepares first; the others then reuse the cache of mdlm's tokenisation.
         with args.main_process_first(desc="dataset preparation"):
             train_dataset = self._prepare_dataset(train_dataset, args, processing_class, "train")
@@ -263,14 +259,24 @@ class T3DTrainer(MetricsMixin, _BaseTrainer):
             num_proc=args.dataset_num_proc,
         )
 
+    def _check_trajectories(
+        self, dataset: datasets.Dataset, block_length: int | None, args: T3DConfig
+    ) -> tuple[TrajectoryMetadata | None, int]:
+        """A dataset's metadata checked against the student (attention, block length, vocabulary, mask token),
+        and the block length it trains or is evaluated at."""
+        metadata = TrajectoryMetadata.from_dataset(dataset) if hasattr(dataset, "info") else None
+        block = resolve_block_length(
+            block_length, metadata, self.diffusion, args.loss_type in TRAJECTORY_LOSSES
+        )
+        check_trajectory_metadata(metadata, self.diffusion, self._vocab_size)
+        return metadata, block
+
     def _prepare_eval_dataset(
         self, dataset: datasets.Dataset, args: T3DConfig, tokenizer: Any, name: str
     ) -> datasets.Dataset:
-        """An evaluation set, checked against the student as the training set is (attention, block length,
-        vocabulary, mask token), then prepared the same way."""
-        metadata = TrajectoryMetadata.from_dataset(dataset) if hasattr(dataset, "info") else None
-        resolve_block_length(self.block_length, metadata, self.diffusion, args.loss_type in TRAJECTORY_LOSSES)
-        check_trajectory_metadata(metadata, self.diffusion, self._vocab_size)
+        """An evaluation set, checked against the student at the training block length, then prepared as the
+        training set is."""
+        self._check_trajectories(dataset, self.block_length, args)
         return self._prepare_dataset(dataset, args, tokenizer, name)
 
     def _set_generation_defaults(
@@ -419,9 +425,8 @@ class T3DTrainer(MetricsMixin, _BaseTrainer):
             self.args.tokens_per_step,
             labels=self.args.student_state_labels,
         )
-        self._record(
-            {"student_states": chosen.float().mean()}, mode="train"
-        )  # before training_step's model.train()
+        # A training metric, though the model may still be in eval mode (before training_step's model.train()).
+        self._record({"student_states": chosen.float().mean()}, mode="train")
         return out
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
