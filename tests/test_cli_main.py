@@ -194,6 +194,13 @@ def test_every_recipe_command_lists_config_and_helps_every_option(command, capsy
         argv = ["collect", "--model_name_or_path", "m", "--dataset_name", "d", "--output_dir", "o"]
         assert main([*argv, "--return_dict_in_generate", "true"]) == 2
         assert "return_dict_in_generate is no setting of t3d-trl collect" in one_line_error(capsys, "collect")
+    if command == "train":  # unset means on (TRL's default): --help must not print "(default: None)" for it
+        help_text = " ".join(
+            text.split("--activation_checkpointing [")[2]
+            .split("--activation_checkpointing_kwargs")[0]
+            .split()
+        )
+        assert "On unless set to false" in help_text and "default: None" not in help_text
 
 
 def test_a_missing_column_is_a_one_line_error(teacher, tmp_path, capsys):

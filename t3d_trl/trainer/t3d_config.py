@@ -130,6 +130,14 @@ class T3DConfig(_BaseConfig):
     gradient_checkpointing: bool | None = field(
         default=None, metadata={"help": "Deprecated alias of activation_checkpointing."}
     )
+    # Unset means on; "%(default).0s" keeps --help from printing "(default: None)", which reads as off.
+    activation_checkpointing: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Trade compute for memory by recomputing activations in the backward pass. On unless set to "
+            "false (TRL's default)%(default).0s."
+        },
+    )
 
     loss_type: str = field(
         default="t3d",
