@@ -17,6 +17,7 @@ def make_checkpoint(output_dir, step: int, complete: bool = True):
     save_file({"w": torch.ones(64)}, str(folder / "model.safetensors"))
     save_file({"w": torch.ones(64)}, str(folder / "t3d_reference.safetensors"))
     if complete:
+        torch.save({"last_epoch": step}, folder / "scheduler.pt")
         (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
     return folder
 
@@ -44,6 +45,22 @@ def test_resume_takes_the_last_checkpoint_that_loads(tmp_path, caplog):
         checkpoints.resume_checkpoint(tmp_path, str(six))  # named explicitly, it must load too
     with pytest.raises(ValueError, match=r"cannot resume from .*checkpoint-99: .*no such checkpoint folder"):
         checkpoints.resume_checkpoint(tmp_path, str(tmp_path / "checkpoint-99"))  # a typo: not "interrupted"
+
+
+def test_a_checkpoint_without_optimizer_state_is_not_resumed_from(tmp_path, caplog):
+    """A save_only_model checkpoint or a finished model (the CLI saves trainer_state.json beside it) would restart
+    the optimizer and the learning-rate schedule without a word."""
+    make_checkpoint(tmp_path, 2)
+    model_only = make_checkpoint(tmp_path, 4)
+    (model_only / "scheduler.pt").unlink()
+    assert checkpoints.resume_checkpoint(tmp_path, True) == str(tmp_path / "checkpoint-2")
+    assert "checkpoint-4 holds no optimizer or learning-rate scheduler state" in caplog.text
+    with pytest.raises(
+        ValueError, match=r"a finished model or a save_only_model checkpoint.*model_name_or_path"
+    ):
+        checkpoints.resume_checkpoint(tmp_path, str(model_only))
+    (model_only / "global_step4").mkdir()  # DeepSpeed's own scheduler: its state is in DeepSpeed's folder
+    assert checkpoints.checkpoint_problem(model_only) is None
 
 
 def test_no_checkpoint_to_resume_from_is_one_error(tmp_path):

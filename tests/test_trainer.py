@@ -387,25 +387,37 @@ def test_torch_compile_trains_the_same_model_and_saves_it_unwrapped(
     assert all(torch.equal(loaded.state_dict()[k], v) for k, v in trained.items())
 
 
-def test_model_card_lists_every_t3d_setting_that_differs_from_its_default(tokenizer, trajectories, tmp_path):
-    def card(**overrides) -> str:
+def test_model_card_lists_the_settings_the_run_used(tokenizer, trajectories, tmp_path):
+    def card(**overrides) -> dict:
         args = config(tmp_path, **overrides)
         trainer = T3DTrainer(
             build_bidirectional_model(tokenizer, seed=1), args, train_dataset=trajectories["bidirectional"]
         )
         trainer.create_model_card()
-        return (Path(args.output_dir) / "README.md").read_text()
+        text = (Path(args.output_dir) / "README.md").read_text()
+        return json.loads(text.split("```json\n")[1].split("```")[0])
 
     paper = card(loss_type="td")
-    assert (
-        '"loss_type": "td"' in paper
-        and "student_state_ratio" not in paper
-        and "certainty_weight" not in paper
-        and "student_state_labels" not in paper
-    )
+    assert paper["loss_type"] == "td" and paper["tokens_per_step"] == 2 and paper["max_steps"] == 8
+    # Settings td does not read (DDO's, the path loss's, dParallel's) and the epochs max_steps overrode are left out.
+    for unused in (
+        "beta",
+        "fake_weight",
+        "lambda_path",
+        "ref_sync_steps",
+        "certainty_weight",
+        "num_train_epochs",
+    ):
+        assert unused not in paper, unused
+    assert "student_state_ratio" not in paper and "student_state_labels" not in paper
+    # dParallel's own settings are listed at their defaults too; an epoch-length run lists its epochs.
+    dparallel = card(loss_type="dparallel", max_steps=-1, num_train_epochs=1)
+    assert {"certainty_weight", "certainty_temperature", "num_train_epochs"} <= dparallel.keys()
+    assert "max_steps" not in dparallel and "state_sampling" not in dparallel and "beta" not in dparallel
+    assert "tokens_per_step" not in card(loss_type="mdlm") and card()["lambda_path"] == 0.2
     departed = card(loss_type="td", student_state_ratio=0.25, student_state_labels="rollout")
-    assert '"student_state_ratio": 0.25' in departed and '"student_state_labels": "rollout"' in departed
-    assert '"certainty_weight": 3.0' in card(loss_type="dparallel", certainty_weight=3.0)
+    assert departed["student_state_ratio"] == 0.25 and departed["student_state_labels"] == "rollout"
+    assert card(loss_type="dparallel", certainty_weight=3.0)["certainty_weight"] == 3.0
     assert "overwrite_output_dir" not in departed  # how the run was carried out, not a setting of the model
 
 
@@ -487,7 +499,13 @@ def test_prompts_over_the_limit_are_dropped_not_truncated(tokenizer, trajectorie
         ),
         ({"loss_type": "td", "beta": 1.0}, "beta=1.0 is read only by loss_type='t3d' or 'ddo'"),
         ({"loss_type": "t3d", "certainty_weight": 1.0}, "read only by loss_type='dparallel'"),
-        ({"loss_type": "redi", "state_sampling": "reference"}, "masks randomly"),
+        (
+            {"loss_type": "redi", "state_sampling": "reference"},
+            "read only by loss_type='t3d' or 'ddo' or 'td'",
+        ),
+        ({"loss_type": "mdlm", "tokens_per_step": 4}, "tokens_per_step=4 is read only by"),
+        ({"beta": float("nan")}, "beta must be a finite number"),
+        ({"lambda_path": float("inf")}, "lambda_path must be a finite number"),
         ({"lambda_path": 0.0}, "use loss_type='ddo'"),
         ({"block_length": 4, "tokens_per_step": 3}, "not a multiple of tokens_per_step"),
         ({"ref_sync_steps": 0}, "ref_sync_steps"),

@@ -242,18 +242,17 @@ def distill(
     """A fresh copy of the teacher distilled with ``loss_type=method``; ``overrides`` are further ``T3DConfig``
     settings (the tuning study in ``benchmarks/sweep_demo_distillation.py`` uses them) and ``callbacks`` trainer
     callbacks (the method study's :class:`~t3d_trl.trainer.EvaluateAtSteps` gives its learning curves)."""
+    from ..trainer.t3d_config import OBJECTIVE_SETTINGS
     from ..trainer.t3d_trainer import T3DTrainer
 
     student = copy.deepcopy(teacher).train()
-    settings: dict[str, Any] = dict(
-        loss_type=method, block_length=task.block_length, tokens_per_step=config.tokens_per_step
-    )
-    if method in ("t3d", "ddo"):
-        settings.update(
-            beta=config.beta, fake_weight=config.fake_weight, ref_sync_steps=config.ref_sync_steps
-        )
-    if method == "t3d":
-        settings["lambda_path"] = config.lambda_path
+    settings: dict[str, Any] = dict(loss_type=method, block_length=task.block_length)
+    # The demo's objective settings (TokPS, DDO's, the path weight) that this objective reads.
+    settings |= {
+        name: getattr(config, name)
+        for name, readers in OBJECTIVE_SETTINGS.items()
+        if method in readers and hasattr(config, name)
+    }
     args = _training_args(config, output / method, **{**settings, **overrides})
     trainer = T3DTrainer(
         model=student,

@@ -1,8 +1,9 @@
 """The rules of a training ``output_dir``: what a run may resume from, what it refuses, what it deletes.
 
 * A run resumes only from a checkpoint that loads: ``trainer_state.json`` present (the base trainer writes it
-  last, so a save cut short by a kill has none) and every ``.safetensors`` file readable (a crash or a partial
-  copy leaves truncated ones). A damaged checkpoint is skipped with a warning naming the file.
+  last, so a save cut short by a kill has none), the optimizer and scheduler states present (a finished model or
+  a ``save_only_model`` checkpoint has none: resuming would restart both) and every ``.safetensors`` file readable
+  (a crash or a partial copy leaves truncated ones). A damaged checkpoint is skipped with a warning naming it.
 * A fresh run (no resume) into a folder that already holds checkpoints or a finished model is refused unless
   ``overwrite_output_dir``, which deletes them first: a later resume must not pick up an older run's
   checkpoints, and a finished model must not be replaced without being asked.
@@ -19,7 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from transformers.trainer import TRAINER_STATE_NAME
+from transformers.trainer import SCHEDULER_NAME, TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 logger = logging.getLogger(__name__)
@@ -67,6 +68,14 @@ def checkpoint_problem(checkpoint: str | os.PathLike) -> str | None:
         return f"{folder}: no such checkpoint folder"
     if not (folder / TRAINER_STATE_NAME).is_file():
         return f"{folder} has no {TRAINER_STATE_NAME} (interrupted while saved?)"
+    # The scheduler's state is saved beside the optimizer's on every path but DeepSpeed's own scheduler, whose
+    # state is in DeepSpeed's global_step* folder. Without them the base trainer would restart both silently.
+    if not (folder / SCHEDULER_NAME).is_file() and not any(folder.glob("global_step*")):
+        return (
+            f"{folder} holds no optimizer or learning-rate scheduler state ({SCHEDULER_NAME}): it is a finished "
+            "model or a save_only_model checkpoint, from which a resumed run would restart its optimizer and "
+            "schedule; start a new run from it instead (model_name_or_path)"
+        )
     for path in sorted(folder.rglob("*.safetensors")):
         try:
             with safetensors.safe_open(str(path), framework="pt"):

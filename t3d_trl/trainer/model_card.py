@@ -13,7 +13,7 @@ from trl.trainer.base_config import _BaseConfig
 
 from ..data.schema import TrajectoryMetadata
 from ..generation.configuration import DiffusionGenerationConfig
-from .t3d_config import T3DConfig
+from .t3d_config import OBJECTIVE_SETTINGS, T3DConfig
 
 TEMPLATE = Path(__file__).with_name("model_card.jinja")
 PAPER = {
@@ -28,18 +28,12 @@ PAPER = {
         }"""),
 }
 
-#: The settings every card lists (the objective, the data limits and the optimisation).
+#: The settings a card lists (the objective, the data limits and the optimisation), less those its objective does
+#: not read (:data:`~t3d_trl.trainer.t3d_config.OBJECTIVE_SETTINGS`) and the length it was not given by.
 CARD_SETTINGS = (
     "loss_type",
-    "beta",
-    "fake_weight",
-    "fake_estimator",
-    "lambda_path",
-    "path_weighting",
-    "ref_sync_steps",
-    "state_sampling",
+    *OBJECTIVE_SETTINGS,
     "random_token_prob",
-    "tokens_per_step",
     "max_prompt_length",
     "max_completion_length",
     "learning_rate",
@@ -60,13 +54,20 @@ def _default(field: dataclasses.Field) -> Any:
 
 
 def card_settings(args: T3DConfig, block_length: int) -> dict[str, Any]:
-    """:data:`CARD_SETTINGS`, every other setting :class:`~t3d_trl.T3DConfig` adds to TRL's that differs from its
-    default (``student_state_ratio``, ``certainty_weight``, ...: a run that departs from the paper says so), and
-    the block length trained with."""
-    settings = {name: getattr(args, name) for name in CARD_SETTINGS}
+    """:data:`CARD_SETTINGS` that the run used, every other setting :class:`~t3d_trl.T3DConfig` adds to TRL's that
+    differs from its default (``student_state_ratio``, ...: a run that departs from the paper says so), and the
+    block length trained with."""
+    unused = {name for name, readers in OBJECTIVE_SETTINGS.items() if args.loss_type not in readers}
+    unused.add("num_train_epochs" if args.max_steps > 0 else "max_steps")  # max_steps > 0 overrides epochs
+    settings = {name: getattr(args, name) for name in CARD_SETTINGS if name not in unused}
     inherited = {f.name for f in dataclasses.fields(_BaseConfig)}
     for field in dataclasses.fields(T3DConfig):
-        if field.name in settings or field.name in inherited or field.name in _NOT_MODEL_SETTINGS:
+        if (
+            field.name in settings
+            or field.name in unused
+            or field.name in inherited
+            or field.name in _NOT_MODEL_SETTINGS
+        ):
             continue
         if field.init and getattr(args, field.name) != _default(field):
             settings[field.name] = getattr(args, field.name)

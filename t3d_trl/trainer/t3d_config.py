@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -20,6 +21,8 @@ OBJECTIVE_SETTINGS: dict[str, tuple[str, ...]] = {
     **dict.fromkeys(("beta", "fake_weight", "fake_estimator", "ref_sync_steps"), ("t3d", "ddo")),
     **dict.fromkeys(("lambda_path", "path_weighting"), ("t3d",)),
     **dict.fromkeys(("certainty_weight", "certainty_temperature"), ("dparallel",)),
+    "state_sampling": TRAJECTORY_LOSSES,
+    "tokens_per_step": tuple(loss for loss in LOSS_TYPES if loss != "mdlm"),  # the student's few-step budget
 }
 FAKE_ESTIMATORS = ("argmax", "expectation")  # how the DDO fake term is taken
 STATE_SAMPLING = ("uniform", "reference")
@@ -231,6 +234,11 @@ class T3DConfig(_BaseConfig):
             raise ValueError(f"path_weighting must be one of {PATH_WEIGHTINGS}, got {self.path_weighting!r}")
         if self.state_sampling not in STATE_SAMPLING:
             raise ValueError(f"state_sampling must be one of {STATE_SAMPLING}, got {self.state_sampling!r}")
+        for name in ("beta", "certainty_temperature", "fake_weight", "lambda_path", "certainty_weight"):
+            if not math.isfinite(
+                getattr(self, name)
+            ):  # NaN passes every comparison below and trains a NaN model
+                raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
         for name in ("beta", "certainty_temperature"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
@@ -266,12 +274,6 @@ class T3DConfig(_BaseConfig):
         for name in ("max_prompt_length", "max_completion_length"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive or None, got {getattr(self, name)}")
-        # Settings that only one objective reads: refuse them elsewhere rather than ignore them silently.
-        if self.state_sampling != "uniform" and self.loss_type not in TRAJECTORY_LOSSES:
-            raise ValueError(
-                f"state_sampling={self.state_sampling!r} draws trajectory states, but loss_type={self.loss_type!r} "
-                f"masks randomly; use it with one of {TRAJECTORY_LOSSES}"
-            )
         if self.student_state_labels != "argmax" and self.student_state_ratio == 0:
             raise ValueError(
                 f"student_state_labels={self.student_state_labels!r} labels student states, but "
