@@ -79,7 +79,7 @@ def reference_greedy_steps(family, config, state_dict, prompt, generation: Diffu
     the reference forward: the family's block layout, remasking score and (for SDAR) block-causal attention."""
     mask_id = config["mask_token_id"]
     length = generation.max_new_tokens
-    block = generation.block_length or length
+    block = config.get("block_size") or generation.block_length or length  # SDAR: its attention blocks
     canvas = torch.cat([prompt, torch.full((1, length), mask_id)], dim=1)
     start_of_gen = prompt.shape[1]
     history = []
@@ -98,13 +98,17 @@ def reference_greedy_steps(family, config, state_dict, prompt, generation: Diffu
     return history
 
 
-@pytest.mark.parametrize("family", FAMILY_NAMES)
-def test_greedy_generation_with_family_defaults_follows_reference(tmp_path, family):
-    src, config, state_dict, _ = build_published(tmp_path / "src", family, shards=SHARDS[family])
+@pytest.mark.parametrize(
+    ("family", "overrides"),
+    [*((family, {}) for family in FAMILY_NAMES), ("sdar", {"block_size": 8})],
+    ids=[*FAMILY_NAMES, "sdar-block8"],
+)
+def test_greedy_generation_with_family_defaults_follows_reference(tmp_path, family, overrides):
+    src, config, state_dict, _ = build_published(tmp_path / "src", family, shards=SHARDS[family], **overrides)
     model = AutoModelForDiffusionLM.from_pretrained(convert_checkpoint(src, tmp_path / "dst"))
     defaults = model.diffusion_generation_config
     # The family's decoding defaults, greedy, with a generation length scaled down for speed.
-    max_new_tokens = {"llada": 32, "sdar": 8, "dream": 8}[family]
+    max_new_tokens = {"llada": 32, "sdar": 2 * config.get("block_size", 4), "dream": 8}[family]
     prompt = sample_ids(3, (1, 8))  # a whole number of SDAR blocks, so blocks start at the prompt end
     out = model.diffusion_generate(
         prompt,
@@ -206,8 +210,23 @@ def test_other_bad_input(tmp_path):
     with pytest.raises(FileExistsError, match="full is not empty"):
         convert_checkpoint(src, tmp_path / "full")
     (src / "model.safetensors").rename(src / "pytorch_model.bin")
-    with pytest.raises(FileNotFoundError, match="only safetensors checkpoints are converted"):
+    with pytest.raises(FileNotFoundError, match="weights are read from safetensors files only"):
         convert_checkpoint(src, tmp_path / "dst")
+
+
+def test_tokenizer_code_is_copied(tmp_path):
+    src, *_ = build_published(tmp_path / "src", "dream")
+    (src / "tokenization_dream.py").write_text(
+        "from transformers import PreTrainedTokenizerFast\n\n\nclass DreamTokenizer(PreTrainedTokenizerFast):\n"
+        "    pass\n"
+    )
+    tokenizer_config = json.loads((src / "tokenizer_config.json").read_text())
+    tokenizer_config["auto_map"] = {"AutoTokenizer": [None, "tokenization_dream.DreamTokenizer"]}
+    tokenizer_config["tokenizer_class"] = "DreamTokenizer"
+    (src / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    dst = convert_checkpoint(src, tmp_path / "dst")
+    assert (dst / "tokenization_dream.py").read_text() == (src / "tokenization_dream.py").read_text()
+    assert type(AutoTokenizer.from_pretrained(dst, trust_remote_code=True)).__name__ == "DreamTokenizer"
 
 
 def test_cli_convert(tmp_path, capsys):

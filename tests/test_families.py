@@ -19,8 +19,10 @@ from published_checkpoints import (
     family_tokenizer,
     model_logits,
     published_config,
+    published_state_dict,
     reference_logits,
     sample_ids,
+    write_checkpoint,
 )
 from safetensors import safe_open
 from testing_utils import build_tokenizer
@@ -28,6 +30,7 @@ from transformers import AutoModelForCausalLM
 
 from t3d_trl import AutoModelForDiffusionLM, DiffusionGenerationMixin
 from t3d_trl.models.families import DREAM, LLADA, SDAR, get_family
+from t3d_trl.models.forward import diffusion_forward
 
 WRONG_ATTENTION = {"llada": "causal", "sdar": "bidirectional", "dream": "causal"}
 
@@ -74,7 +77,8 @@ def test_family_diffusion_description_and_decoding_defaults(tmp_path, family):
 
 def test_llada_reference_decoding_defaults():
     assert LLADA.generation_defaults["block_length"] == 32 and LLADA.generation_defaults["temperature"] == 0
-    assert SDAR.generation_defaults["block_length"] == 4 and SDAR.generation_defaults["tokens_per_step"] == 1
+    # A block-causal family decodes in its attention blocks: block_length is left to the checkpoint's block_size.
+    assert "block_length" not in SDAR.generation_defaults and SDAR.generation_defaults["tokens_per_step"] == 1
 
 
 def test_config_mapping_keeps_sizes_and_drops_training_knobs():
@@ -127,6 +131,27 @@ def test_tokenizer_without_mask_token_is_a_clear_error(tmp_path):
         AutoModelForDiffusionLM.from_pretrained(path)
 
 
+def test_checkpoint_without_tokenizer_files_says_so(tmp_path, caplog):
+    raw = published_config("sdar", family_tokenizer("sdar"))
+    path = write_checkpoint(tmp_path / "sdar", raw, published_state_dict("sdar", raw))  # no tokenizer files
+    with caplog.at_level("WARNING"):
+        model = AutoModelForDiffusionLM.from_pretrained(path)
+    assert model.diffusion_config.mask_token_id == raw["mask_token_id"]
+    assert "tokenizer not loaded" in caplog.text
+    del raw["mask_token_id"]
+    (path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match="no 'mask_token_id' and no tokenizer could be loaded"):
+        AutoModelForDiffusionLM.from_pretrained(path)
+
+
+def test_checkpoint_without_safetensors_names_what_is_read(tmp_path):
+    path, *_ = build_published(tmp_path / "llada", "llada")
+    (path / "model.safetensors").rename(path / "pytorch_model.bin")
+    with pytest.raises(FileNotFoundError, match="weights are read from safetensors files only") as error:
+        AutoModelForDiffusionLM.from_pretrained(path)
+    assert "convert" not in str(error.value)
+
+
 def test_unknown_model_type_is_a_clear_error(tmp_path):
     path, *_ = build_published(tmp_path / "x", "llada", model_type="mdlm-x")
     with pytest.raises(ValueError, match=r"model_type 'mdlm-x'.*\['Dream', 'dream', 'llada', 'sdar'\]"):
@@ -172,6 +197,63 @@ def test_remote_code_is_an_explicit_opt_in(tmp_path):
     path, *_ = build_published(tmp_path / "sdar", "sdar")
     with pytest.raises(ValueError, match="use_remote_code=True .* trust_remote_code=True"):
         AutoModelForDiffusionLM.from_pretrained(path, use_remote_code=True)
+
+
+# LLaDA's published remote modeling code, reduced to its calling convention (Fast-dLLM modeling_llada.py
+# LLaDAModelLM.forward takes no position_ids and no logits_to_keep) and to the embedding and head weights.
+_LLADA_REMOTE_CONFIG = """from transformers import PretrainedConfig
+
+
+class LLaDAConfig(PretrainedConfig):
+    model_type = "llada"
+"""
+_LLADA_REMOTE_MODELING = """from torch import nn
+from transformers import PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from .configuration_llada import LLaDAConfig
+
+
+class LLaDAModelLM(PreTrainedModel):
+    config_class = LLaDAConfig
+    base_model_prefix = "model"
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.model = nn.Module()
+        self.model.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(config.embedding_size, config.d_model),
+                ff_out=nn.Linear(config.d_model, config.embedding_size, bias=False),
+            )
+        )
+        self.post_init()
+
+    def forward(self, input_ids=None, inputs_embeds=None, attention_mask=None, attention_bias=None,
+                past_key_values=None, labels=None, use_cache=None, output_attentions=None,
+                output_hidden_states=None, return_dict=None):
+        transformer = self.model.transformer
+        return CausalLMOutputWithPast(logits=transformer.ff_out(transformer.wte(input_ids)))
+
+    def get_output_embeddings(self):
+        return self.model.transformer.ff_out
+"""
+
+
+def test_remote_code_runs_with_its_own_calling_convention(tmp_path):
+    path, config, state_dict, _ = build_published(tmp_path / "llada", "llada")
+    (path / "configuration_llada.py").write_text(_LLADA_REMOTE_CONFIG)
+    (path / "modeling_llada.py").write_text(_LLADA_REMOTE_MODELING)
+    model = AutoModelForDiffusionLM.from_pretrained(path, use_remote_code=True, trust_remote_code=True)
+    assert type(model).__name__ == "LLaDAModelLM" and type(model).__module__.startswith(
+        "transformers_modules"
+    )
+    ids = sample_ids(shape=(1, 6))
+    valid = torch.ones_like(ids)
+    with torch.no_grad():
+        logits, _ = diffusion_forward(model, model.diffusion_config, ids, valid, torch.arange(6)[None])
+    embed, head = state_dict["model.transformer.wte.weight"], state_dict["model.transformer.ff_out.weight"]
+    torch.testing.assert_close(logits, embed[ids] @ head.T)
 
 
 CONVERSATION = [{"role": "user", "content": " What is 2+2? "}]

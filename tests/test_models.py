@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import copy
+import io
+import json
+import pickle
+
 import pytest
 import torch
+import transformers
 from testing_utils import (
     build_bidirectional_model,
     build_block_causal_model,
@@ -11,6 +17,7 @@ from testing_utils import (
     qwen3_config,
 )
 from transformers import AutoModelForCausalLM, Qwen3ForCausalLM
+from transformers.modeling_outputs import CausalLMOutput
 
 from t3d_trl import (
     AutoModelForDiffusionLM,
@@ -19,6 +26,8 @@ from t3d_trl import (
     DiffusionGenerationMixin,
     add_diffusion_generation,
 )
+from t3d_trl.models.forward import diffusion_forward
+from t3d_trl.models.masks import position_ids_from_valid
 
 
 def test_diffusion_config_validates_and_round_trips():
@@ -32,6 +41,27 @@ def test_diffusion_config_validates_and_round_trips():
         DiffusionConfig(mask_token_id=None)
     with pytest.raises(ValueError, match=r"unknown keys in diffusion config: \['mask'\]"):
         DiffusionConfig.from_dict({"mask": 3})
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("block_size", 2.5),
+        ("block_size", True),
+        ("block_size", "4"),
+        ("shift_logits", "false"),
+        ("shift_logits", 1),
+    ],
+)
+def test_diffusion_config_refuses_wrong_types(field, value):
+    values = {"mask_token_id": 5, "attention": "block_causal", "block_size": 4, field: value}
+    with pytest.raises(ValueError, match=rf"^{field} must be"):
+        DiffusionConfig(**values)
+
+
+def test_diffusion_config_loads_from_saved_json():
+    config = DiffusionConfig(mask_token_id=5, attention="block_causal", block_size=4, shift_logits=True)
+    assert DiffusionConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
 
 
 @pytest.mark.parametrize("builder", [build_bidirectional_model, build_block_causal_model])
@@ -121,3 +151,164 @@ def test_from_config_builds_a_ready_model(tokenizer):
 def test_auto_class_cannot_be_instantiated():
     with pytest.raises(OSError, match="from_pretrained"):
         AutoModelForDiffusionLM()
+
+
+def _encoder_mlm(name: str) -> torch.nn.Module:
+    """A tiny encoder MLM of each position-embedding kind: absolute from 0 (BERT, DistilBERT), absolute from
+    ``padding_idx + 1`` (RoBERTa, XLM-R) and rotary (ModernBERT)."""
+    sizes = dict(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4
+    )
+    torch.manual_seed(0)
+    if name == "distilbert":
+        config = transformers.DistilBertConfig(vocab_size=64, dim=32, hidden_dim=64, n_layers=2, n_heads=4)
+        return transformers.DistilBertForMaskedLM(config).eval()
+    if name == "modernbert":
+        config = transformers.ModernBertConfig(**sizes, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+        return transformers.ModernBertForMaskedLM(config).eval()
+    config_class, model_class = {
+        "bert": (transformers.BertConfig, transformers.BertForMaskedLM),
+        "roberta": (transformers.RobertaConfig, transformers.RobertaForMaskedLM),
+        "xlm-roberta": (transformers.XLMRobertaConfig, transformers.XLMRobertaForMaskedLM),
+    }[name]
+    return model_class(config_class(**sizes, max_position_embeddings=66, pad_token_id=1)).eval()
+
+
+@pytest.mark.parametrize("name", ["bert", "distilbert", "roberta", "xlm-roberta", "modernbert"])
+def test_encoder_positions_match_the_plain_forward_with_and_without_left_padding(name):
+    model = add_diffusion_generation(_encoder_mlm(name), DiffusionConfig(mask_token_id=63))
+    ids = torch.randint(3, 60, (1, 7), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        plain = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+        valid = torch.ones_like(ids)
+        ours, _ = diffusion_forward(model, model.diffusion_config, ids, valid, position_ids_from_valid(valid))
+        # A left-padded row predicts what the unpadded row does; the padding is an ordinary token (not the pad id):
+        # the attention mask alone marks it.
+        padded = torch.cat([torch.full((1, 3), 5), ids], dim=1)
+        valid = torch.cat([torch.zeros(1, 3, dtype=torch.long), valid], dim=1)
+        left, _ = diffusion_forward(
+            model, model.diffusion_config, padded, valid, position_ids_from_valid(valid)
+        )
+    torch.testing.assert_close(ours, plain, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(left[:, 3:], plain, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["bert", "roberta"])
+def test_one_step_generation_on_an_encoder_is_the_plain_forwards_argmax(name):
+    """The sampler's own forward (``forward_window``) numbers positions as the model does: RoBERTa's from
+    ``padding_idx + 1``."""
+    model = add_diffusion_generation(_encoder_mlm(name), DiffusionConfig(mask_token_id=63))
+    ids = torch.randint(3, 60, (1, 6), generator=torch.Generator().manual_seed(1))
+    out = model.diffusion_generate(ids, max_new_tokens=4, tokens_per_step=4, stop_at_eos=False)
+    with torch.no_grad():
+        plain = model(input_ids=torch.cat([ids, torch.full((1, 4), 63)], dim=1)).logits[:, 6:].argmax(-1)
+    assert torch.equal(out[:, 6:], plain)
+
+
+class _NoPositionIds(Qwen3ForCausalLM):
+    """The calling convention of LLaDA's published remote forward: no ``position_ids``, no ``logits_to_keep``."""
+
+    def forward(
+        self, input_ids=None, inputs_embeds=None, attention_mask=None, attention_bias=None, use_cache=None
+    ):
+        return CausalLMOutput(logits=super().forward(input_ids=input_ids).logits)
+
+
+def test_forward_without_position_ids_is_called_without_them(tokenizer):
+    model = _NoPositionIds(qwen3_config(tokenizer)).eval()
+    add_diffusion_generation(model, DiffusionConfig(mask_token_id=tokenizer.mask_token_id))
+    ids = torch.tensor([[7, 8, 9]])
+    valid = torch.ones_like(ids)
+    with torch.no_grad():
+        logits, _ = diffusion_forward(
+            model, model.diffusion_config, ids, valid, position_ids_from_valid(valid)
+        )
+        assert torch.equal(logits, Qwen3ForCausalLM.forward(model, input_ids=ids).logits)
+
+
+def test_model_with_diffusion_generate_pickles(tmp_path, tokenizer):
+    model = build_bidirectional_model(tokenizer)
+    prompt = tokenizer(["hello"], return_tensors="pt").input_ids
+    expected = model.diffusion_generate(prompt, max_new_tokens=8, block_length=4, stop_at_eos=False)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    for restored in (
+        torch.load(buffer, weights_only=False),
+        pickle.loads(pickle.dumps(model)),
+        copy.deepcopy(model),
+    ):
+        assert type(restored) is type(model)
+        assert restored.diffusion_config == model.diffusion_config
+        generated = restored.diffusion_generate(prompt, max_new_tokens=8, block_length=4, stop_at_eos=False)
+        assert torch.equal(generated, expected)
+    restored.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["architectures"] == ["Qwen3ForCausalLM"]
+
+
+@pytest.fixture
+def saved_adapter(tmp_path, tokenizer):
+    """A LoRA adapter folder (as ``t3d-trl train --use_peft`` writes it) on a saved base model."""
+    from peft import LoraConfig, get_peft_model
+
+    build_bidirectional_model(tokenizer).save_pretrained(tmp_path / "base")
+    tokenizer.save_pretrained(tmp_path / "base")
+    base = AutoModelForDiffusionLM.from_pretrained(tmp_path / "base")
+    get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "v_proj"])).save_pretrained(
+        tmp_path / "lora"
+    )
+    return tmp_path
+
+
+def test_adapter_loads_trainable_on_request(saved_adapter):
+    def trainable(model):
+        return {name for name, param in model.named_parameters() if param.requires_grad}
+
+    frozen = AutoModelForDiffusionLM.from_pretrained(saved_adapter / "lora")  # peft's default: inference
+    assert not trainable(frozen)
+    model = AutoModelForDiffusionLM.from_pretrained(
+        saved_adapter / "lora", is_trainable=True, adapter_name="t3d"
+    )
+    assert trainable(model) and all("lora_" in name and ".t3d." in name for name in trainable(model))
+    assert model.active_adapter == "t3d"
+    with pytest.raises(ValueError, match=r"is_trainable.* peft adapter"):
+        AutoModelForDiffusionLM.from_pretrained(saved_adapter / "base", is_trainable=True)
+
+
+_REMOTE_CONFIG = """from transformers import Qwen3Config
+
+
+class MyConfig(Qwen3Config):
+    model_type = "mydlm"
+"""
+_REMOTE_MODELING = """from transformers import Qwen3ForCausalLM
+
+from .configuration_my import MyConfig
+
+
+class MyModel(Qwen3ForCausalLM):
+    config_class = MyConfig
+"""
+
+
+def test_remote_code_registered_as_automodel_only_loads(tmp_path, tokenizer):
+    model = build_bidirectional_model(tokenizer)
+    model.save_pretrained(tmp_path)
+    (tmp_path / "configuration_my.py").write_text(_REMOTE_CONFIG)
+    (tmp_path / "modeling_my.py").write_text(_REMOTE_MODELING)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config |= {
+        "model_type": "mydlm",
+        "architectures": ["MyModel"],
+        "auto_map": {"AutoConfig": "configuration_my.MyConfig", "AutoModel": "modeling_my.MyModel"},
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+
+    loaded = AutoModelForDiffusionLM.from_pretrained(tmp_path, trust_remote_code=True)
+    assert type(loaded).__name__ == "MyModel" and type(loaded).__module__.startswith("transformers_modules")
+    assert loaded.diffusion_config == model.diffusion_config
+    prompt = tokenizer(["hi"], return_tensors="pt").input_ids
+    settings = dict(max_new_tokens=4, stop_at_eos=False)
+    assert torch.equal(
+        loaded.eval().diffusion_generate(prompt, **settings), model.diffusion_generate(prompt, **settings)
+    )

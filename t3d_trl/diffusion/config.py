@@ -45,6 +45,13 @@ class DiffusionConfig:
             raise ValueError(f"mask_token_id must be a non-negative int, got {self.mask_token_id!r}")
         if self.attention not in ATTENTION_KINDS:
             raise ValueError(f"attention must be one of {ATTENTION_KINDS}, got {self.attention!r}")
+        # A hand-written value of the wrong type would be truthy or compare oddly far from here ('false', 2.5).
+        if self.block_size is not None and (
+            not isinstance(self.block_size, int) or isinstance(self.block_size, bool)
+        ):
+            raise ValueError(f"block_size must be an int or None, got {self.block_size!r}")
+        if not isinstance(self.shift_logits, bool):
+            raise ValueError(f"shift_logits must be a bool, got {self.shift_logits!r}")
         if self.attention == "block_causal":
             if self.block_size is None or self.block_size < 1:
                 raise ValueError(

@@ -4,7 +4,8 @@ Decoders (Llama, Qwen2/3, Mistral, ...) get an additive 4D float mask and comput
 the positions a step uses (``logits_to_keep`` with an index tensor). Encoder MLMs (BERT, ModernBERT) take a
 2D padding mask and return logits for every position, which are then sliced. Models with shifted logits
 (Dream) predict token ``i`` at position ``i - 1``; that shift is applied here, so callers always ask for the
-positions whose tokens they want.
+positions whose tokens they want. Callers count positions from 0 over real tokens (left padding gets 0);
+:func:`position_offset` says how a model numbers them.
 """
 
 from __future__ import annotations
@@ -46,6 +47,21 @@ def accepts_4d_mask(model: torch.nn.Module) -> bool:
     return "logits_to_keep" in _forward_params(type(unwrap_model(model)))
 
 
+def position_offset(model: torch.nn.Module) -> int | None:
+    """What to add to 0-based position ids for ``model``'s forward; ``None`` when its forward takes none.
+
+    RoBERTa-style encoders (RoBERTa, XLM-R, CamemBERT, ...) number positions from ``padding_idx + 1``: their
+    position embedding reserves ``padding_idx``. LLaDA's published remote code takes no ``position_ids`` (it
+    always numbers ``0..L-1``).
+    """
+    inner = unwrap_model(model)
+    if "position_ids" not in _forward_params(type(inner)):
+        return None
+    embeddings = getattr(inner.base_model, "embeddings", None)
+    padding_idx = getattr(getattr(embeddings, "position_embeddings", None), "padding_idx", None)
+    return 0 if padding_idx is None else padding_idx + 1
+
+
 def cache_keyword(model: torch.nn.Module) -> str:
     """transformers 5.24 renamed ``past_key_values`` to ``cache``; support both spellings."""
     return "cache" if "cache" in _forward_params(type(unwrap_model(model))) else "past_key_values"
@@ -69,7 +85,7 @@ def diffusion_forward(
         diffusion: the model's diffusion description (for the logit shift).
         input_ids: ``[B, L]`` tokens fed this pass.
         attention_mask: ``[B, 1, L, past + L]`` additive float mask for decoders, ``[B, L]`` 0/1 for encoders.
-        position_ids: ``[B, L]``.
+        position_ids: ``[B, L]``, counted from 0 (see :func:`position_offset`).
         keep: 1-D indices into the ``L`` input positions whose token predictions are wanted; ``None`` = all.
         cache: a transformers ``Cache`` (decoders only).
         use_cache: whether the pass should append its keys/values to ``cache``.
@@ -80,13 +96,17 @@ def diffusion_forward(
     source = keep
     if keep is not None and diffusion.shift_logits:
         source = (keep - 1).clamp_min(0)
+    kwargs: dict[str, Any] = {}
+    offset = position_offset(model)
+    if offset is not None:
+        kwargs["position_ids"] = position_ids + offset
     if accepts_4d_mask(model):
-        kwargs: dict[str, Any] = {"use_cache": use_cache}
+        kwargs["use_cache"] = use_cache
         if cache is not None:
             kwargs[cache_keyword(model)] = cache
         if source is not None:
             kwargs["logits_to_keep"] = source
-        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs)
+        out = model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
         logits = out.logits
         new_cache = cache  # a passed Cache object is updated in place
     else:
@@ -95,7 +115,7 @@ def diffusion_forward(
                 f"{type(model).__name__} is an encoder MLM and takes a 2D padding mask, got shape "
                 f"{tuple(attention_mask.shape)}; block-causal attention needs a decoder model"
             )
-        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+        out = model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
         logits = out.logits if source is None else out.logits[:, source]
         new_cache = None
     if keep is None and diffusion.shift_logits:

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from ..diffusion.config import DiffusionConfig
-from ..diffusion.forward import accepts_4d_mask, cache_keyword, unwrap_model
+from ..diffusion.forward import accepts_4d_mask, cache_keyword, position_offset, unwrap_model
 from .static_cache import StaticKVCache
 
 logger = logging.getLogger(__name__)
@@ -37,10 +37,13 @@ class ForwardSpec:
     shift_logits: bool
     decoder: bool  # takes 4D masks, ``logits_to_keep`` and a cache
     cache_keyword: str
+    position_offset: int | None  # added to the 0-based position ids; None: the forward takes none
 
     @classmethod
     def of(cls, model: torch.nn.Module, diffusion: DiffusionConfig) -> ForwardSpec:
-        return cls(diffusion.shift_logits, accepts_4d_mask(model), cache_keyword(model))
+        return cls(
+            diffusion.shift_logits, accepts_4d_mask(model), cache_keyword(model), position_offset(model)
+        )
 
 
 def forward_window(
@@ -58,16 +61,15 @@ def forward_window(
     resolved beforehand."""
     # Shifted-logit models (Dream) predict token i at position i - 1.
     source = (keep - 1).clamp_min(0) if spec.shift_logits else keep
+    kwargs: dict[str, Any] = {}
+    if spec.position_offset is not None:
+        kwargs["position_ids"] = position_ids + spec.position_offset
     if not spec.decoder:
-        return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits[
-            :, source
-        ]
-    kwargs: dict[str, Any] = {"use_cache": cache is not None, "logits_to_keep": source}
+        return model(input_ids=input_ids, attention_mask=attention_mask, **kwargs).logits[:, source]
+    kwargs |= {"use_cache": cache is not None, "logits_to_keep": source}
     if cache is not None:
         kwargs[spec.cache_keyword] = cache
-    return model(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs
-    ).logits
+    return model(input_ids=input_ids, attention_mask=attention_mask, **kwargs).logits
 
 
 RECOMPILE_LIMIT = 64

@@ -32,7 +32,9 @@ class DiffusionGenerationConfig:
     Args:
         max_new_tokens: tokens generated per prompt; a multiple of ``block_length``.
         block_length: tokens per decoding block. ``None``: the model's block size for block-causal models,
-            else ``max_new_tokens`` (one block).
+            else ``max_new_tokens`` (one block). On a block-causal model it sets the attention blocks of the
+            generated region too (as SDAR's ``generate.py`` does): another length than the model's block size
+            attends within blocks of that length.
         steps: total denoising steps over all blocks (LLaDA's ``steps``), split evenly over the blocks.
         tokens_per_step: tokens committed per step (TokPS); ``block_length / tokens_per_step`` steps per block.
             Give ``steps`` or ``tokens_per_step``, not both; with neither, one token per step.

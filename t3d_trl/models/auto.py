@@ -33,6 +33,8 @@ from .families.base import CONFIG_FILE, GENERATION_CONFIG_FILE, read_json
 _HUB_KWARGS = ("revision", "token", "cache_dir", "local_files_only", "trust_remote_code", "subfolder")
 # Keyword arguments that say where one checkpoint lives: an adapter's, not its base model's.
 _LOCATION_KWARGS = ("revision", "subfolder")
+# Keyword arguments of ``PeftModel.from_pretrained`` (an adapter's, not its base model's).
+_PEFT_KWARGS = ("is_trainable", "adapter_name", "autocast_adapter_dtype", "ephemeral_gpu_offload")
 ADAPTER_CONFIG_FILE = "adapter_config.json"  # peft's
 #: An adapter folder has no ``config.json``: the trained decoding defaults and diffusion description go here.
 ADAPTER_DEFAULTS_FILE = "diffusion_config.json"
@@ -42,8 +44,20 @@ ADAPTER_DEFAULTS_FILE = "diffusion_config.json"
 def _with_mixin(cls: type) -> type:
     # Same name and module as the original class, so save_pretrained records the original architecture.
     # transformers decides `can_generate` from base-class names ("...GenerationMixin"): keep the original answer.
-    namespace = {"__module__": cls.__module__, "can_generate": classmethod(lambda _: cls.can_generate())}
+    # pickle finds a class by module and name, which lead to the original: an instance pickles as the original
+    # class plus its state, and is rebuilt with the mixin (torch.save, deepcopy, multiprocessing).
+    namespace = {
+        "__module__": cls.__module__,
+        "can_generate": classmethod(lambda _: cls.can_generate()),
+        "__reduce__": lambda self: (_new_with_mixin, (cls,), self.__getstate__()),
+    }
     return type(cls.__name__, (DiffusionGenerationMixin, cls), namespace)
+
+
+def _new_with_mixin(cls: type) -> torch.nn.Module:
+    """An empty instance of ``cls`` with the mixin, for unpickling to fill in (``__setstate__``)."""
+    mixed = _with_mixin(cls)
+    return mixed.__new__(mixed)
 
 
 def add_diffusion_generation(
@@ -170,6 +184,7 @@ def _load_adapter(
     generation_config: DiffusionGenerationConfig | dict | None,
     use_remote_code: bool,
     hf_kwargs: dict[str, Any],
+    peft_kwargs: dict[str, Any],
 ) -> torch.nn.Module:
     """Base model, then the adapter on it (peft's convention), with the decoding defaults saved with the adapter."""
     from peft import PeftModel
@@ -188,7 +203,7 @@ def _load_adapter(
         k: hub_kwargs[k] for k in ("revision", "subfolder", "token", "cache_dir") if k in hub_kwargs
     }
     with without_checkpointing_deprecation():  # peft reads a deprecated transformers attribute
-        return PeftModel.from_pretrained(model, name_or_path, **adapter_kwargs)
+        return PeftModel.from_pretrained(model, name_or_path, **adapter_kwargs, **peft_kwargs)
 
 
 def _infer_diffusion_config(name_or_path: str, config: Any, hub_kwargs: dict[str, Any]) -> DiffusionConfig:
@@ -231,10 +246,14 @@ def _family_defaults(
     return diffusion_config, generation_config
 
 
-def _load_remote(name_or_path: str, raw: dict[str, Any], hf_kwargs: dict[str, Any]) -> PreTrainedModel:
-    # Dream's published code registers AutoModel only, LLaDA and SDAR also AutoModelForCausalLM.
-    loader = AutoModelForCausalLM if "AutoModelForCausalLM" in (raw.get("auto_map") or {}) else AutoModel
-    return loader.from_pretrained(name_or_path, **hf_kwargs)
+def _auto_class(raw: dict[str, Any], masked_lm: bool, remote_code: bool) -> type:
+    """The Auto class that loads a checkpoint: its LM head's, or ``AutoModel`` for remote code registered under
+    ``AutoModel`` only (Dream's published code; LLaDA's and SDAR's also register ``AutoModelForCausalLM``)."""
+    wanted = AutoModelForMaskedLM if masked_lm else AutoModelForCausalLM
+    auto_map = raw.get("auto_map") or {}
+    if remote_code and wanted.__name__ not in auto_map and "AutoModel" in auto_map:
+        return AutoModel
+    return wanted
 
 
 def _check_model_type(name_or_path: str, raw: dict[str, Any], trust_remote_code: bool) -> None:
@@ -284,7 +303,8 @@ class AutoModelForDiffusionLM:
         A ``peft`` adapter (a folder or repo with ``adapter_config.json``, as ``t3d-trl train --use_peft``
         writes) loads as peft does: its ``base_model_name_or_path`` first, then the adapter on it, returned as a
         ``PeftModel`` with ``diffusion_generate`` and the decoding defaults the adapter was trained for.
-        ``model.merge_and_unload()`` folds the adapter in and returns a plain model to ``save_pretrained``.
+        ``model.merge_and_unload()`` folds the adapter in and returns a plain model to ``save_pretrained``. peft
+        loads an adapter frozen, for inference: pass ``is_trainable=True`` to train it further.
 
         Args:
             pretrained_model_name_or_path: anything ``transformers`` can load, or a published family checkpoint.
@@ -296,8 +316,11 @@ class AutoModelForDiffusionLM:
                 ``diffusion_generate``.
             use_remote_code: run a family checkpoint's own published modeling code instead of the native class
                 (needs ``trust_remote_code=True``). Fragile: that code targets older transformers releases.
-            **hf_kwargs: passed to ``from_pretrained`` (``dtype``, ``revision``, ``device_map``, ...).
+            **hf_kwargs: passed to ``from_pretrained`` (``dtype``, ``revision``, ``device_map``, ...). For a
+                ``peft`` adapter, peft's own keywords (``is_trainable``, ``adapter_name``,
+                ``autocast_adapter_dtype``, ``ephemeral_gpu_offload``) go to ``PeftModel.from_pretrained``.
         """
+        peft_kwargs = {k: hf_kwargs.pop(k) for k in _PEFT_KWARGS if k in hf_kwargs}
         hub_kwargs = {k: hf_kwargs[k] for k in _HUB_KWARGS if k in hf_kwargs}
         trust_remote_code = bool(hf_kwargs.get("trust_remote_code"))
         if use_remote_code and not trust_remote_code:
@@ -315,6 +338,12 @@ class AutoModelForDiffusionLM:
                 generation_config,
                 use_remote_code,
                 hf_kwargs,
+                peft_kwargs,
+            )
+        if peft_kwargs:
+            raise ValueError(
+                f"{sorted(peft_kwargs)} apply to a peft adapter ({ADAPTER_CONFIG_FILE}); "
+                f"{pretrained_model_name_or_path} is a model"
             )
         raw = read_json(pretrained_model_name_or_path, CONFIG_FILE, hub_kwargs, required=False) or {}
         family = get_family(raw.get("model_type"))
@@ -330,7 +359,8 @@ class AutoModelForDiffusionLM:
                 generation_config,
             )
             if use_remote_code:
-                model = _load_remote(pretrained_model_name_or_path, raw, hf_kwargs)
+                loader = _auto_class(raw, masked_lm=False, remote_code=True)
+                model = loader.from_pretrained(pretrained_model_name_or_path, **hf_kwargs)
             else:
                 # Names and shapes checked from the shard headers first, for errors naming file and tensor.
                 locate_weights(pretrained_model_name_or_path, family, native, hub_kwargs)
@@ -338,7 +368,7 @@ class AutoModelForDiffusionLM:
             return add_diffusion_generation(model, diffusion_config, generation_config)
         _check_model_type(pretrained_model_name_or_path, raw, trust_remote_code)
         config = AutoConfig.from_pretrained(pretrained_model_name_or_path, **hub_kwargs)
-        loader = AutoModelForMaskedLM if _is_masked_lm(config) else AutoModelForCausalLM
+        loader = _auto_class(raw, _is_masked_lm(config), trust_remote_code)
         model = loader.from_pretrained(pretrained_model_name_or_path, **hf_kwargs)
         if diffusion_config is None and DiffusionConfig.from_model_config(model.config) is None:
             diffusion_config = _infer_diffusion_config(

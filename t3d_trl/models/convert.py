@@ -93,8 +93,9 @@ def convert_checkpoint(
     Returns:
         ``dst`` as a path. It holds the native ``config.json`` (with the ``diffusion`` and ``diffusion_generation``
         keys), ``model.safetensors`` or ``model-0000i-of-0000n.safetensors`` shards with
-        ``model.safetensors.index.json``, and the source's tokenizer files (plus the family's chat template when
-        the tokenizer has none).
+        ``model.safetensors.index.json``, and the source's tokenizer files with the tokenizer's own code that
+        ``tokenizer_config.json``'s ``auto_map`` names (plus the family's chat template when the tokenizer has
+        none).
 
     Raises:
         ValueError: unknown ``model_type``; a config key the native class cannot express; a tokenizer without a
@@ -165,7 +166,8 @@ def _source_shards(src: str, hub_kwargs: Mapping[str, Any]) -> dict[str, str]:
         path = hub_file(src, SINGLE_FILE, hub_kwargs, required=False)
         if path is None:
             raise FileNotFoundError(
-                f"{src} has neither {INDEX_FILE} nor {SINGLE_FILE}; only safetensors checkpoints are converted"
+                f"{src} has neither {INDEX_FILE} nor {SINGLE_FILE}: published LLaDA, SDAR and Dream weights are "
+                "read from safetensors files only (not pytorch_model.bin)"
             )
         return {SINGLE_FILE: path}
     weight_map = index.get("weight_map")
@@ -281,6 +283,17 @@ def _write_shards(
         (dst / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
 
 
+def _tokenizer_code_files(tokenizer_config: Mapping[str, Any]) -> list[str]:
+    """The ``.py`` files holding a tokenizer's own code, named by ``tokenizer_config.json``'s ``auto_map``
+    (``{"AutoTokenizer": [slow, fast]}``, e.g. ``tokenization_dream.DreamTokenizer``); code in another repo
+    (``repo--module.Class``) is not the checkpoint's to copy."""
+    auto_map = tokenizer_config.get("auto_map") or {}
+    # Older tokenizers store the bare [slow, fast] list.
+    entries = auto_map.values() if isinstance(auto_map, Mapping) else [auto_map]
+    refs = [ref for entry in entries for ref in (entry if isinstance(entry, (list, tuple)) else [entry])]
+    return list(dict.fromkeys(f"{ref.rsplit('.', 1)[0]}.py" for ref in refs if ref and "--" not in ref))
+
+
 def _copy_tokenizer(src: str, hub_kwargs: Mapping[str, Any], dst: Path, family: ModelFamily) -> None:
     copied = []
     for name in TOKENIZER_FILES:
@@ -293,6 +306,15 @@ def _copy_tokenizer(src: str, hub_kwargs: Mapping[str, Any], dst: Path, family: 
         return
     config_path = dst / "tokenizer_config.json"
     tokenizer_config = json.loads(config_path.read_text()) if config_path.exists() else {}
+    # With its code the tokenizer loads with trust_remote_code=True, as the source's does.
+    for name in _tokenizer_code_files(tokenizer_config):
+        path = hub_file(src, name, hub_kwargs, required=False)
+        if path is None:
+            logger.warning(
+                "%s: %s names %s in its auto_map, but there is no such file", src, config_path.name, name
+            )
+        else:
+            shutil.copyfile(path, dst / name)
     template_files = {"chat_template.jinja", "chat_template.json"} & set(copied)
     if not template_files and not tokenizer_config.get("chat_template"):
         (dst / "chat_template.jinja").write_text(family.chat_template)

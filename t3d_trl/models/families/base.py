@@ -124,7 +124,8 @@ class ModelFamily:
         mask_tokens: spellings of the mask token in the published tokenizer, used when ``config.json`` has no
             ``mask_token_id`` and the tokenizer declares no mask token.
         end_of_turn_tokens: tokens that end an assistant turn; added to the stop ids when the tokenizer has them.
-        generation_defaults: :class:`DiffusionGenerationConfig` fields of the family's reference decoding.
+        generation_defaults: :class:`DiffusionGenerationConfig` fields of the family's reference decoding. A
+            block-causal family leaves ``block_length`` out, so that it decodes in blocks of its ``block_size``.
         chat_template: the family's chat template (Jinja), for tokenizers that lack one.
         key_mapping: published -> native weight names, as anchored regular expressions with at most one group
             (``from_pretrained(key_mapping=...)`` semantics); empty when the names already match.
@@ -172,12 +173,19 @@ class ModelFamily:
         try:
             # An explicit trust_remote_code=False fails fast instead of prompting for a tokenizer's own code.
             kwargs = {**hub_kwargs, "trust_remote_code": bool(hub_kwargs.get("trust_remote_code", False))}
-            return AutoTokenizer.from_pretrained(name_or_path, config=config, **kwargs)
+            tokenizer = AutoTokenizer.from_pretrained(name_or_path, config=config, **kwargs)
         except Exception as err:  # noqa: BLE001  any tokenizer failure: fall back to the configs
-            logger.warning(
-                "%s: tokenizer not loaded (%s); end-of-turn stop ids are skipped", name_or_path, err
-            )
-            return None
+            reason = str(err)
+        else:
+            # Without tokenizer files transformers 5 builds the config's tokenizer class from scratch: special
+            # tokens only, no vocabulary.
+            if not set(tokenizer.get_vocab()) <= set(tokenizer.all_special_tokens):
+                return tokenizer
+            reason = "no tokenizer files: the tokenizer has no vocabulary"
+        logger.warning(
+            "%s: tokenizer not loaded (%s); end-of-turn stop ids are skipped", name_or_path, reason
+        )
+        return None
 
     def mask_token_id(self, raw: Mapping[str, Any], tokenizer: Any = None) -> int:
         """The mask id: ``config.json``'s ``mask_token_id``, else the tokenizer's mask token or known spelling."""

@@ -2,7 +2,8 @@
 
 SDAR's weights and config keys are Qwen3's (QK-norm, half-rotation RoPE, SiLU-gated MLP, untied head); only
 ``model_type`` differs, plus ``block_size`` and ``mask_token_id`` (absent from some published copies, in which
-case the mask comes from the tokenizer). A position attends its own block of 4 and every earlier block.
+case the mask comes from the tokenizer). A position attends its own block of ``block_size`` tokens (4 in the
+published configs) and every earlier block.
 """
 
 from __future__ import annotations
@@ -64,10 +65,9 @@ SDAR = ModelFamily(
     block_size=4,
     mask_tokens=("<|MASK|>", "<MASK>"),
     end_of_turn_tokens=("<|im_end|>",),
-    # SDAR's README decoding: blocks of 4, 4 steps per block, greedy, low-confidence static remasking
-    # (the generation length is the library default).
+    # SDAR's README decoding: one step per token, greedy, low-confidence static remasking. No block_length: a
+    # block-causal model decodes in its attention blocks (block_size); the generation length is the library's.
     generation_defaults={
-        "block_length": 4,
         "tokens_per_step": 1,
         "temperature": 0.0,
         "remasking": "low_confidence",
