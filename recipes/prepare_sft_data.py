@@ -20,7 +20,7 @@ from typing import Any
 import datasets
 
 from t3d_trl.cli.collect import load_source_dataset
-from t3d_trl.data.prompts import format_user_message, render_prompt
+from t3d_trl.data.prompts import encode_prompts, format_user_message, render_prompt
 
 SOURCE = "Lansechen/bs17k_collection_filtered_hard_maxlength600"
 
@@ -50,7 +50,8 @@ def to_prompt_completion(
         return rows
 
     def short_enough(batch: dict[str, list[str]]) -> list[bool]:
-        prompts = tokenizer(batch["prompt"], add_special_tokens=False)["input_ids"]
+        # Counted as training will tokenise them (a raw prompt gets BOS): prompts as collection and evaluation do.
+        _, prompts = encode_prompts(tokenizer, batch["prompt"], use_chat_template=False)
         completions = tokenizer(batch["completion"], add_special_tokens=False)["input_ids"]
         return [len(p) + len(c) + 1 <= max_length for p, c in zip(prompts, completions)]
 

@@ -102,6 +102,49 @@ def test_load_source_dataset_local_files(tmp_path):
         load_source_dataset(str(tmp_path / "d.txt"))
 
 
+def test_load_source_dataset_saved_folders(tmp_path):
+    import datasets
+
+    train, test = (
+        datasets.Dataset.from_list([{"problem": "a"}]),
+        datasets.Dataset.from_list([{"problem": "b"}]),
+    )
+    train.save_to_disk(str(tmp_path / "one"))
+    assert load_source_dataset(str(tmp_path / "one")).to_list() == train.to_list()
+    with pytest.raises(ValueError, match="one dataset without splits .* not split 'test'"):
+        load_source_dataset(str(tmp_path / "one"), split="test")  # it would silently decode the train rows
+    datasets.DatasetDict({"train": train, "test": test}).save_to_disk(str(tmp_path / "two"))
+    assert load_source_dataset(str(tmp_path / "two"), split="test").to_list() == test.to_list()
+    with pytest.raises(ValueError, match=r"has splits \['train', 'test'\], not 'validation'"):
+        load_source_dataset(str(tmp_path / "two"), split="validation")
+
+
+def test_a_gold_filter_that_drops_every_row_still_prints_the_summary(recipe, monkeypatch, capsys):
+    import t3d_trl.cli.collect as collect_cli
+
+    path, values = recipe
+    monkeypatch.setattr(collect_cli, "_math_checker", lambda: lambda completion, gold: False)
+    assert main(["collect", "--config", str(path), "--gold_column", "gold"]) == 0
+    out = values["output_dir"]
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"3 prompts, 0 trajectories saved to {out}, 3 dropped: 3 answer does not match gold_column='gold'"
+    )
+
+
+def test_a_local_teacher_resumes_under_another_spelling_of_its_path(recipe, monkeypatch):
+    import t3d_trl.data.trajectories as trajectories
+
+    path, values = recipe
+    teacher = values["model_name_or_path"]
+    assert main(["collect", "--config", str(path), "--model_name_or_path", teacher + "/"]) == 0
+    real, calls = trajectories._generate_batch, []
+    monkeypatch.setattr(trajectories, "_generate_batch", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.chdir(path.parent)
+    assert main(["collect", "--config", str(path), "--model_name_or_path", "teacher"]) == 0  # relative
+    assert not calls  # resumed: the same folder, named another way
+    assert TrajectoryMetadata.from_dataset(load_trajectories(values["output_dir"])).teacher == teacher
+
+
 def test_ctrl_c_says_that_rerunning_resumes(recipe, monkeypatch, capsys):
     import t3d_trl.data.trajectories as trajectories
 

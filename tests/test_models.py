@@ -26,7 +26,7 @@ from t3d_trl import (
     DiffusionGenerationMixin,
     add_diffusion_generation,
 )
-from t3d_trl.models.forward import diffusion_forward
+from t3d_trl.diffusion.forward import diffusion_forward, max_positions
 from t3d_trl.models.masks import position_ids_from_valid
 
 
@@ -203,6 +203,17 @@ def test_one_step_generation_on_an_encoder_is_the_plain_forwards_argmax(name):
     with torch.no_grad():
         plain = model(input_ids=torch.cat([ids, torch.full((1, 4), 63)], dim=1)).logits[:, 6:].argmax(-1)
     assert torch.equal(out[:, 6:], plain)
+
+
+def test_roberta_length_limit_counts_the_positions_it_skips():
+    """RoBERTa's 66 position embeddings number 64 tokens (ids from padding_idx + 1 = 2): a longer canvas is
+    refused in one line, not an index error inside the embedding."""
+    model = add_diffusion_generation(_encoder_mlm("roberta"), DiffusionConfig(mask_token_id=63))
+    assert max_positions(model) == 64
+    fits = torch.randint(3, 60, (1, 56), generator=torch.Generator().manual_seed(0))
+    assert model.diffusion_generate(fits, max_new_tokens=8, tokens_per_step=8).shape == (1, 64)
+    with pytest.raises(ValueError, match="prompt of 57 tokens plus max_new_tokens=8 exceeds .*=64"):
+        model.diffusion_generate(torch.cat([fits, fits[:, :1]], dim=1), max_new_tokens=8, tokens_per_step=8)
 
 
 class _NoPositionIds(Qwen3ForCausalLM):

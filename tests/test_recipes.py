@@ -16,6 +16,7 @@ import datasets
 import pytest
 import yaml
 from testing_utils import build_bidirectional_model, build_block_causal_model, build_tokenizer
+from tokenizers import processors
 
 from t3d_trl import DiffusionGenerationConfig, TrajectoryMetadata, load_trajectories
 from t3d_trl.cli import collect as collect_cli
@@ -323,6 +324,19 @@ def test_prepare_sft_data_renders_prompts_and_drops_long_rows(prepare_script):
     assert prepared.to_list() == [{"prompt": "[BOS]<user>2+2?\n<assistant>", "completion": "4"}]
     with pytest.raises(ValueError, match="'answer'"):
         prepare_script.to_prompt_completion(prepared, tokenizer, "prompt", "answer")
+
+
+def test_prepare_sft_data_counts_the_bos_a_raw_prompt_trains_with(prepare_script):
+    """Without a chat template the prompt stays raw text, which training tokenises with the tokenizer's BOS:
+    a row that fits only without it is dropped (it would exceed max_length once trained on)."""
+    tokenizer = build_tokenizer()
+    tokenizer.chat_template = None
+    tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single="[BOS] $A", special_tokens=[("[BOS]", tokenizer.bos_token_id)]
+    )
+    rows = [{"question": "abcd", "qwen7b_answer": "xyz"}, {"question": "abc", "qwen7b_answer": "xyz"}]
+    prepared = prepare_script.to_prompt_completion(datasets.Dataset.from_list(rows), tokenizer, max_length=8)
+    assert prepared["prompt"] == ["abc"]  # BOS + 3 + 3 + EOS = 8; "abcd" makes 9
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ from testing_utils import (
 )
 
 from t3d_trl import DiffusionGenerationConfig, TrajectoryMetadata, collect_trajectories, load_trajectories
-from t3d_trl.data.hub import trajectory_card
+from t3d_trl.data.hub import push_trajectories_to_hub, trajectory_card
 from t3d_trl.data.prompts import encode_prompts, render_prompt
 from t3d_trl.data.schema import METADATA_KEY, TRAJECTORY_COLUMNS
 from t3d_trl.data.shards import save_dataset, write_summary
@@ -211,6 +211,22 @@ def test_a_split_a_single_dataset_does_not_have_is_refused(tmp_path, tokenizer, 
         load_trajectories(str(tmp_path), split="test")  # it would silently be the same rows
 
 
+def test_an_output_dir_holding_another_dataset_is_refused(tmp_path, tokenizer, bidirectional_model):
+    # Collecting into the source's own folder (or any saved dataset) would overwrite it.
+    source = tmp_path / "source"
+    datasets.Dataset.from_list(ROWS).save_to_disk(str(source))
+    splits = tmp_path / "splits"
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(ROWS)}).save_to_disk(str(splits))
+    for folder, saved in ((source, "state.json"), (splits, "dataset_dict.json")):
+        before = sorted(p.name for p in folder.iterdir())
+        with pytest.raises(
+            ValueError, match=rf"holds a saved dataset \({saved}\) that is not a trajectory collection"
+        ):
+            collect(bidirectional_model, tokenizer, folder, rows=datasets.load_from_disk(str(source)))
+        assert sorted(p.name for p in folder.iterdir()) == before
+    assert datasets.load_from_disk(str(source)).to_list() == ROWS
+
+
 # --- faithfulness: the teacher's intermediate states rebuilt from decode_step ------------------------------
 
 
@@ -374,7 +390,24 @@ def test_resume_refuses_other_settings(tmp_path, tokenizer, bidirectional_model)
     assert len(collect(bidirectional_model, tokenizer, tmp_path, rows=ROWS[:3])) == 3
 
 
-def _collect_worker(rank: int, world_size: int, port: int, output_dir: str) -> None:
+def test_auto_batch_size_resumes_with_the_collections_own(
+    tmp_path, tokenizer, bidirectional_model, monkeypatch
+):
+    import t3d_trl.data.trajectories as trajectories
+
+    monkeypatch.setattr(trajectories, "auto_batch_size", lambda *args: 3)
+    reference = collect(bidirectional_model, tokenizer, tmp_path, batch_size=None)
+    # The free memory changed since: a resume keeps the batches the collection started with.
+    monkeypatch.setattr(trajectories, "auto_batch_size", lambda *args: 2)
+    calls = _count_generations(monkeypatch, bidirectional_model)
+    assert collect(bidirectional_model, tokenizer, tmp_path, batch_size=None).to_list() == reference.to_list()
+    assert not calls
+    assert json.loads((tmp_path / "collection.json").read_text())["collection"]["batch_size"] == 3
+    with pytest.raises(ValueError, match=r"batch_size: 3 \(saved\) != 2 \(now\)"):
+        collect(bidirectional_model, tokenizer, tmp_path, batch_size=2)  # asked for explicitly: refused
+
+
+def _collect_worker(rank: int, world_size: int, port: int, output_dir: str, **kwargs) -> None:
     os.environ.update(
         RANK=str(rank),
         LOCAL_RANK=str(rank),
@@ -392,6 +425,7 @@ def _collect_worker(rank: int, world_size: int, port: int, output_dir: str) -> N
         output_dir,
         generation_config=DiffusionGenerationConfig(**SAMPLED),
         seed=7,
+        **kwargs,
     )
     assert torch.distributed.get_world_size() == world_size
     assert len(dataset) == len(ROWS)  # every process gets the merged dataset
@@ -418,6 +452,27 @@ def test_two_processes_equal_one(tmp_path, tokenizer):
     )
     assert sorted(two.to_list(), key=lambda r: r["id"]) == sorted(one.to_list(), key=lambda r: r["id"])
     assert TrajectoryMetadata.from_dataset(two) == TrajectoryMetadata.from_dataset(one)
+
+
+def _auto_batch_worker(rank: int, world_size: int, port: int, output_dir: str) -> None:
+    import t3d_trl.data.trajectories as trajectories
+
+    # Emulate two GPUs with different free memory: 4 rows fit on rank 0, 3 on rank 1.
+    trajectories.auto_batch_size = lambda *args: 4 - rank
+    _collect_worker(rank, world_size, port, output_dir, batch_size=None)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.skipif("fork" not in torch.multiprocessing.get_all_start_methods(), reason="needs fork")
+def test_two_processes_agree_on_the_auto_batch_size(tmp_path):
+    # Each process planning its own batches would split the prompts differently (and the manifest would refuse).
+    torch.multiprocessing.start_processes(
+        _auto_batch_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, start_method="fork"
+    )
+    assert json.loads((tmp_path / "collection.json").read_text())["collection"]["batch_size"] == 3
+    assert len(list((tmp_path / "shards").glob("*.parquet"))) == 3  # 8 prompts in batches of 3
+    assert len(load_trajectories(str(tmp_path))) == len(ROWS)
 
 
 # --- filters -----------------------------------------------------------------------------------------------
@@ -459,6 +514,56 @@ def test_filters(tmp_path, tokenizer, bidirectional_model, monkeypatch):
     assert kept["id"] == [r["id"] for r in full if r["answer"] in ("1", "4")] and len(kept) > 0
     assert kept.column_names[-2:] == ["level", "answer"]  # the gold column is passed through
     assert sorted(seen) == sorted(full["answer"])  # every collected completion was checked once
+
+
+def test_filters_that_drop_every_row_leave_an_empty_collection(tmp_path, tokenizer, bidirectional_model):
+    empty = collect(
+        bidirectional_model, tokenizer, tmp_path, gold_column="answer", answer_checker=lambda c, g: False
+    )
+    assert len(empty) == 0 and TrajectoryMetadata.from_dataset(empty) is not None
+    assert collection_summary(tmp_path) == (
+        f"8 prompts, 0 trajectories saved to {tmp_path}, 8 dropped: 8 answer does not match gold_column='answer'"
+    )
+    with pytest.raises(
+        ValueError, match=r"holds an empty dataset \(0 rows\): there is nothing to load \(the collection: "
+    ):
+        load_trajectories(str(tmp_path))
+    with pytest.raises(ValueError, match="0 rows: nothing to push to me/t"):  # refused before any Hub call
+        push_trajectories_to_hub(empty, "me/t")
+    # The shards are kept: another filter keeps rows again without decoding.
+    assert len(collect(bidirectional_model, tokenizer, tmp_path)) == len(ROWS)
+
+
+def test_a_rerun_passes_through_and_filters_on_the_source_as_it_is_now(
+    tmp_path, tokenizer, bidirectional_model, monkeypatch
+):
+    first = collect(bidirectional_model, tokenizer, tmp_path, keep_columns=["level"])
+    assert first.column_names[-1] == "level"
+    assert pq.read_table(next((tmp_path / "shards").glob("*.parquet"))).column_names == list(
+        TRAJECTORY_COLUMNS
+    )
+    # The gold answers are corrected (same ids, same prompts): the rerun re-filters on them, and may add the gold
+    # column to keep_columns, without decoding.
+    corrected = [{**row, "answer": completion} for row, completion in zip(ROWS, first["completion"])]
+    calls = _count_generations(monkeypatch, bidirectional_model)
+    rerun = collect(
+        bidirectional_model,
+        tokenizer,
+        tmp_path,
+        rows=corrected,
+        keep_columns=["level"],
+        gold_column="answer",
+        answer_checker=lambda completion, gold: completion == gold,
+    )
+    assert not calls
+    assert rerun.to_list() == [{**row, "answer": row["completion"]} for row in first.to_list()]
+    # A collection started when keep_columns was a resume setting still resumes.
+    manifest = json.loads((tmp_path / "collection.json").read_text())
+    manifest["collection"]["keep_columns"] = ["level"]
+    (tmp_path / "collection.json").write_text(json.dumps(manifest))
+    assert collect(bidirectional_model, tokenizer, tmp_path, rows=corrected).column_names[-3:] == list(
+        ROWS[0]
+    )
 
 
 # --- prompts, batching, small helpers ----------------------------------------------------------------------
@@ -527,6 +632,22 @@ def test_build_prompts(tokenizer):
         build_prompts(datasets.Dataset.from_list([{"problem": "a"}, {"problem": None}]), tokenizer, "plain")
     with pytest.raises(KeyError, match="prompt_column 'problem'"):
         build_prompts(rows, tokenizer)
+
+
+def test_prompt_template_fields(tokenizer):
+    rows = datasets.Dataset.from_list([{"question": "2+2", "answer": "4"}])
+    # A template without {problem} needs no prompt_column.
+    [prompt] = build_prompts(rows, tokenizer, "Q: {question}", use_chat_template=False)
+    assert prompt.prompt == "Q: 2+2"
+    [prompt] = build_prompts(
+        rows, tokenizer, "{problem} in \\boxed{{}}", prompt_column="question", use_chat_template=False
+    )
+    assert prompt.prompt == "2+2 in \\boxed{}"
+    for template in ("{problem} in \\boxed{}", "{problem} {0}", "{problem} {"):
+        with pytest.raises(
+            ValueError, match=r"prompt template .*write literal braces doubled.*\{\{ and \}\}"
+        ):
+            build_prompts(rows, tokenizer, template, prompt_column="question")
 
 
 def test_plan_batches_and_seeds():
@@ -635,7 +756,7 @@ def test_block_causal_and_dynamic_step_rules(tmp_path):
 def test_shards_are_parquet_with_the_schema(tmp_path, tokenizer, bidirectional_model):
     collect(bidirectional_model, tokenizer, tmp_path, rows=ROWS[:2])
     table = pq.read_table(next(Path(tmp_path, "shards").glob("*.parquet")))
-    assert table.column_names == [*TRAJECTORY_COLUMNS, "problem", "answer", "level"]
+    assert table.column_names == list(TRAJECTORY_COLUMNS)  # the source columns are added at the merge
 
 
 def test_accelerate_cpu_launch_that_starts_one_process_is_refused(

@@ -118,9 +118,12 @@ DEMO_PREFIX = "demo:"
 
 
 def load_source_dataset(name: str, config: str | None = None, split: str = "train") -> datasets.Dataset:
-    """A Hub dataset (``datasets.load_dataset``), a local data file, a local folder, or ``demo:<task>`` (a demo
-    task's ``train`` or ``test`` split, :meth:`t3d_trl.demo.DemoTask.split`)."""
+    """A Hub dataset (``datasets.load_dataset``), a local data file, a local folder (a ``save_to_disk`` folder: its
+    ``split``, refused when it has no such split), or ``demo:<task>`` (a demo task's ``train`` or ``test`` split,
+    :meth:`t3d_trl.demo.DemoTask.split`)."""
     import datasets
+
+    from ..data.hub import is_saved_dataset, load_saved_dataset
 
     if name.startswith(DEMO_PREFIX):  # a demo task by name: its generated rows (prompt, answer, id)
         from ..demo.tasks import get_task
@@ -129,8 +132,8 @@ def load_source_dataset(name: str, config: str | None = None, split: str = "trai
     path = Path(name)
     if path.is_file() or path.suffix.lower() in DATA_FILE_BUILDERS:  # a missing data file is no Hub repo
         return load_data_file(path, split)
-    if path.is_dir() and (path / "state.json").exists():
-        return datasets.load_from_disk(str(path))
+    if is_saved_dataset(path):
+        return load_saved_dataset(path, split)
     if path.is_dir() and config is None:
         return load_data_folder(path, split)
     return datasets.load_dataset(name, config, split=split)
@@ -180,9 +183,9 @@ def run(config: CollectConfig) -> datasets.Dataset:
         model_kwargs=model_kwargs,
     )
     if _process_group()[0] == 0:  # one line, not one per process
+        print(collection_summary(config.output_dir))  # first: it says why a push of 0 rows is refused
         if config.push_to_hub:
             print(push_trajectories_to_hub(dataset, config.hub_model_id, private=config.hub_private_repo))
-        print(collection_summary(config.output_dir))
     return dataset
 
 

@@ -7,6 +7,7 @@ entry (``trajectory_metadata:``, what :func:`load_trajectories` reads back) and 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -17,7 +18,7 @@ from huggingface_hub import DatasetCard, DatasetCardData
 
 from ..utils import load_data_folder
 from .schema import METADATA_KEY, TRAJECTORY_COLUMNS, TrajectoryMetadata, validate_trajectories
-from .shards import MANIFEST, SHARD_DIR
+from .shards import MANIFEST, SHARD_DIR, collection_summary
 
 logger = logging.getLogger(__name__)
 
@@ -117,6 +118,8 @@ def push_trajectories_to_hub(
     metadata = metadata or TrajectoryMetadata.from_dataset(dataset)
     if metadata is None:
         raise ValueError("the dataset carries no TrajectoryMetadata; pass metadata=...")
+    if len(dataset) == 0:  # e.g. a collection whose filters dropped every row: a repo nobody can load from
+        raise ValueError(f"the dataset has 0 rows: nothing to push to {repo_id}")
     api = HfApi(token=token)
     url = api.create_repo(repo_id, repo_type="dataset", private=private, exist_ok=True)
     dataset.push_to_hub(repo_id, private=private, token=token, commit_message=commit_message)
@@ -167,6 +170,41 @@ def _load_from_disk(folder: Path) -> datasets.Dataset | datasets.DatasetDict:
         raise ValueError(f"{folder}: {named}; {cure}") from err
 
 
+def is_saved_dataset(path: Path) -> bool:
+    """Whether ``path`` is a folder written by ``save_to_disk`` (a ``Dataset`` or a ``DatasetDict``)."""
+    return path.is_dir() and ((path / "state.json").exists() or (path / "dataset_dict.json").exists())
+
+
+def _empty(folder: Path) -> ValueError:
+    why = ""
+    if (folder / MANIFEST).is_file():  # a collection whose filters dropped every row: the summary says why
+        with contextlib.suppress(ValueError):  # unfinished: no summary
+            why = f" (the collection: {collection_summary(folder)})"
+    return ValueError(f"{folder} holds an empty dataset (0 rows): there is nothing to load{why}")
+
+
+def load_saved_dataset(folder: Path, split: str = "train") -> datasets.Dataset:
+    """The ``split`` of a ``save_to_disk`` folder; an empty or damaged dataset, or a split it lacks, is refused in
+    one line."""
+    state = folder / "state.json"
+    if state.exists() and not json.loads(state.read_text()).get("_data_files"):
+        raise _empty(folder)  # datasets cannot load a saved dataset without data files (IndexError)
+    dataset = _load_from_disk(folder)
+    if isinstance(dataset, datasets.DatasetDict):
+        if split not in dataset:
+            raise ValueError(f"{folder} has splits {list(dataset)}, not {split!r}")
+        dataset = dataset[split]
+    elif split != "train":
+        # One dataset is its "train" split: another name would silently read the same rows.
+        raise ValueError(
+            f"{folder} holds one dataset without splits (it reads as split 'train'), not split {split!r}: keep "
+            "evaluation rows in a dataset of their own"
+        )
+    if len(dataset) == 0:
+        raise _empty(folder)
+    return dataset
+
+
 def load_trajectories(
     path_or_repo_id: str | os.PathLike,
     split: str = "train",
@@ -190,23 +228,8 @@ def load_trajectories(
     """
     path = Path(path_or_repo_id)
     card: str | os.PathLike | None = None
-    if path.is_dir() and ((path / "state.json").exists() or (path / "dataset_dict.json").exists()):
-        if (path / "state.json").exists() and not json.loads((path / "state.json").read_text()).get(
-            "_data_files"
-        ):
-            # datasets cannot load a saved dataset of 0 rows (IndexError): say what it is.
-            raise ValueError(f"{path} holds an empty dataset (0 rows): there is nothing to load")
-        dataset = _load_from_disk(path)
-        if isinstance(dataset, datasets.DatasetDict):
-            if split not in dataset:
-                raise ValueError(f"{path} has splits {list(dataset)}, not {split!r}")
-            dataset = dataset[split]
-        elif split != "train":
-            # One dataset is its "train" split: another name would silently read the same rows.
-            raise ValueError(
-                f"{path} holds one dataset without splits (it reads as split 'train'), not split {split!r}: keep "
-                "evaluation rows in a dataset of their own"
-            )
+    if is_saved_dataset(path):
+        dataset = load_saved_dataset(path, split)
     elif path.is_dir() and (path / MANIFEST).exists():
         raise ValueError(
             f"{path} holds an unfinished collection (shards but no merged dataset): run the same "

@@ -7,7 +7,8 @@
 * Rows over the limits: prompts are never truncated (the row is dropped); completions are cut to
   ``max_completion_length``. A row longer than the model's positions after the cut is dropped too (its
   positions would have no embedding). Every dropped row is counted in one warning, under the first rule it breaks.
-* ``mdlm`` trains on real data: ``prompt``/``completion`` or ``text`` columns are tokenised (EOS appended).
+* ``mdlm`` trains on real data: ``prompt``/``completion`` or ``text`` columns are tokenised (EOS appended); a
+  ``prompt`` the way collection and evaluation tokenise every prompt (:func:`~t3d_trl.data.prompts.encode_prompts`).
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ from typing import Any
 
 import datasets
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..diffusion.config import DiffusionConfig
+from .prompts import encode_prompts
 from .schema import TrajectoryMetadata
 
 logger = logging.getLogger(__name__)
@@ -70,55 +73,85 @@ def check_trajectory_metadata(
         )
 
 
-def _refuse_rows(dataset: datasets.Dataset, bad: Any, where: str, problem: str) -> None:
-    bad = np.asarray(bad.to_numpy(zero_copy_only=False), dtype=bool)
+def _refuse_rows(dataset: datasets.Dataset, bad: np.ndarray, where: str, problem: str) -> None:
     if bad.any():
         index = int(np.flatnonzero(bad)[0])
         row_id = dataset[index]["id"] if "id" in dataset.column_names else index
         raise ValueError(f"{where} row {index} (id={row_id!r}): {problem} ({int(bad.sum())} such rows)")
 
 
+def _null_rows(column: Any) -> np.ndarray:
+    """Rows whose value is null, or (a list column) holds a null item."""
+    bad = column.is_null().to_numpy(zero_copy_only=False)
+    if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+        items = pc.list_flatten(column)
+        if items.null_count:
+            parents = pc.list_parent_indices(column).to_numpy(zero_copy_only=False)
+            bad[parents[items.is_null().to_numpy(zero_copy_only=False)]] = True
+    return bad
+
+
+def _refuse_null_rows(dataset: datasets.Dataset, columns: list[str], name: str) -> None:
+    """Name the first row with a null value in ``columns``: it would fail inside a batch (tokenizer, collator)."""
+    table = dataset.select_columns(columns).with_format("arrow")[:]
+    for column in columns:
+        _refuse_rows(dataset, _null_rows(table[column]), f"{name} dataset", f"{column} is or holds None")
+
+
 def tokenize_text(
     dataset: datasets.Dataset, tokenizer: Any, name: str, num_proc: int | None = None
 ) -> datasets.Dataset:
-    """``prompt``/``completion`` or ``text`` columns as ``prompt_ids``/``completion_ids`` (EOS appended)."""
+    """``prompt``/``completion`` or ``text`` columns as ``prompt_ids``/``completion_ids`` (EOS appended).
+
+    A ``prompt`` is tokenised as collection and evaluation tokenise one (:func:`encode_prompts`): a chat rendering
+    (it starts with BOS) as it is, a raw message with the tokenizer's special tokens (BOS), so the model trains on
+    the ids it is evaluated with.
+    """
     columns = set(dataset.column_names)
     if tokenizer is None:
         raise ValueError(f"loss_type='mdlm' on text needs processing_class (a tokenizer) to tokenise {name}")
     eos = tokenizer.eos_token_id
-    if {"prompt", "completion"} <= columns:
 
-        def tokenize(row: dict[str, Any]) -> dict[str, Any]:
-            completion = tokenizer(row["completion"], add_special_tokens=False)["input_ids"]
-            if eos is not None and (not completion or completion[-1] != eos):
-                completion = completion + [eos]
-            return {
-                "prompt_ids": tokenizer(row["prompt"], add_special_tokens=False)["input_ids"],
-                "completion_ids": completion,
-            }
+    def with_eos(ids: list[int]) -> list[int]:
+        return ids + [eos] if eos is not None and (not ids or ids[-1] != eos) else ids
+
+    if {"prompt", "completion"} <= columns:
+        _refuse_null_rows(dataset, ["prompt", "completion"], name)
+
+        def tokenize(batch: dict[str, list]) -> dict[str, list]:
+            _, prompt_ids = encode_prompts(tokenizer, batch["prompt"], use_chat_template=False)
+            completions = tokenizer(batch["completion"], add_special_tokens=False)["input_ids"]
+            return {"prompt_ids": prompt_ids, "completion_ids": [with_eos(ids) for ids in completions]}
 
     elif "text" in columns:
+        _refuse_null_rows(dataset, ["text"], name)
 
-        def tokenize(row: dict[str, Any]) -> dict[str, Any]:
-            ids = tokenizer(row["text"])["input_ids"]
-            if eos is not None and (not ids or ids[-1] != eos):
-                ids = ids + [eos]
-            return {"prompt_ids": [], "completion_ids": ids}
+        def tokenize(batch: dict[str, list]) -> dict[str, list]:
+            texts = tokenizer(batch["text"])["input_ids"]
+            return {"prompt_ids": [[] for _ in texts], "completion_ids": [with_eos(ids) for ids in texts]}
 
     else:
         raise ValueError(
             f"loss_type='mdlm' needs prompt_ids/completion_ids, prompt/completion or text columns; the {name} "
             f"dataset has {sorted(columns)}"
         )
-    return dataset.map(tokenize, num_proc=num_proc, desc=f"Tokenizing {name} dataset")
+    return dataset.map(tokenize, batched=True, num_proc=num_proc, desc=f"Tokenizing {name} dataset")
 
 
 def _check_rows(dataset: datasets.Dataset, table: Any, name: str, needed: list[str], vocab_size: int) -> None:
-    """Refuse rows whose ``decode_step`` does not fit the completion, and token ids outside the vocabulary."""
+    """Refuse rows with null values, a ``decode_step`` that does not fit the completion, token ids outside the
+    vocabulary."""
+    for column in needed:
+        _refuse_rows(dataset, _null_rows(table[column]), f"{name} dataset", f"{column} is or holds None")
     if "decode_step" in needed:
         lengths = pc.list_value_length(table["completion_ids"])
         bad = pc.not_equal(lengths, pc.list_value_length(table["decode_step"]))
-        _refuse_rows(dataset, bad, f"{name} dataset", "completion_ids and decode_step differ in length")
+        _refuse_rows(
+            dataset,
+            bad.to_numpy(zero_copy_only=False),
+            f"{name} dataset",
+            "completion_ids and decode_step differ in length",
+        )
         steps = pc.list_flatten(table["decode_step"])
         if len(steps) and pc.min(steps).as_py() < 1:
             raise ValueError(

@@ -56,9 +56,24 @@ def resolve_template(template: str) -> str:
     return template
 
 
+_LITERAL_BRACES = "write literal braces doubled, as str.format reads them: {{ and }} (e.g. \\boxed{{}})"
+
+
 def template_fields(template: str) -> list[str]:
-    """Column names a template reads."""
-    return [name for _, name, _, _ in string.Formatter().parse(resolve_template(template)) if name]
+    """Column names a template reads; a malformed pattern or a positional field (``{}``, ``{0}``) is refused."""
+    try:
+        names = [
+            name for _, name, _, _ in string.Formatter().parse(resolve_template(template)) if name is not None
+        ]
+    except ValueError as err:  # an unmatched brace
+        raise ValueError(f"prompt template {template!r}: {err}; {_LITERAL_BRACES}") from err
+    positional = [name for name in names if not name or name.isdigit()]
+    if positional:  # str.format would look for positional arguments (IndexError): a brace meant literally
+        raise ValueError(
+            f"prompt template {template!r} has the positional field {{{positional[0]}}}; fields name columns "
+            f"({{problem}}), so {_LITERAL_BRACES}"
+        )
+    return names
 
 
 def format_user_message(template: str, row: Mapping[str, Any]) -> str:
@@ -106,15 +121,6 @@ def encode_prompts(
     return texts, ids
 
 
-def _user_message(row: Mapping[str, Any], template: str, prompt_column: str) -> str:
-    # The template's {problem} field reads `prompt_column`, other fields read the columns of their name.
-    if prompt_column not in row:
-        raise MissingKeyError(
-            f"prompt_column {prompt_column!r} is not a column of the dataset; it has {sorted(row)}"
-        )
-    return format_user_message(template, {**row, "problem": row[prompt_column]})
-
-
 def build_prompts(
     dataset: datasets.Dataset,
     tokenizer: Any,
@@ -128,11 +134,20 @@ def build_prompts(
 ) -> list[PromptRow]:
     """Render and tokenise the prompt of every source row (see :func:`collect_trajectories` for the arguments).
 
-    The prompt text is tokenised without adding special tokens: the chat template already holds them, so
-    ``prompt_ids`` is exactly the tokenisation of ``prompt``. Every row gives a prompt; length limits are
-    applied by :func:`drop_long_prompts`.
+    The prompt text is tokenised by :func:`encode_prompts` (a chat rendering as it is, a raw message with the
+    tokenizer's special tokens, BOS). The template's ``{problem}`` field reads ``prompt_column`` (needed only
+    when the template has that field), other fields read the columns of their name. Every row gives a
+    prompt; length limits are applied by :func:`drop_long_prompts`.
     """
     columns = list(dataset.column_names)
+    reads_problem = False
+    if chat_column is None:
+        # A malformed template is refused here, once, rather than for every row.
+        reads_problem = "problem" in template_fields(prompt_template)
+        if reads_problem and prompt_column not in columns:
+            raise MissingKeyError(
+                f"prompt_column {prompt_column!r} is not a column of the dataset; it has {sorted(columns)}"
+            )
     if id_column is None and "id" in columns:
         id_column = "id"
     for name, value in (("id_column", id_column), ("chat_column", chat_column)):
@@ -160,8 +175,9 @@ def build_prompts(
             text = tokenizer.apply_chat_template(row[chat_column], tokenize=False, add_generation_prompt=True)
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]  # the template holds its specials
         else:
+            values = {**row, "problem": row[prompt_column]} if reads_problem else row
             try:
-                message = _user_message(row, prompt_template, prompt_column)
+                message = format_user_message(prompt_template, values)
             except MissingKeyError:
                 raise
             except ValueError as err:

@@ -31,22 +31,25 @@ SHARD_DIR = "shards"
 SUMMARY_KEY = "summary"  # the manifest entry holding the counts of the last merge (not a setting)
 
 
-def shard_features(dataset: datasets.Dataset, keep: Sequence[str]) -> datasets.Features:
-    ids = datasets.List(datasets.Value("int32"))
-    base = {
+_IDS = datasets.List(datasets.Value("int32"))
+#: What a shard holds: the decoded columns. The source columns are taken from the source at every merge, so a
+#: rerun passes through (and filters on) the current source values, and may keep other columns.
+SHARD_FEATURES = datasets.Features(
+    {
         "id": datasets.Value("string"),
         "prompt": datasets.Value("string"),
-        "prompt_ids": ids,
-        "completion_ids": ids,
-        "decode_step": ids,
+        "prompt_ids": _IDS,
+        "completion_ids": _IDS,
+        "decode_step": _IDS,
         "finished": datasets.Value("bool"),
         "completion": datasets.Value("string"),
     }
-    return datasets.Features({**base, **{c: dataset.features[c] for c in keep}})
+)
 
 
-def write_shard(path: Path, rows: list[dict[str, Any]], features: datasets.Features) -> None:
-    table = pa.Table.from_pylist([features.encode_example(r) for r in rows], schema=features.arrow_schema)
+def write_shard(path: Path, rows: list[dict[str, Any]]) -> None:
+    schema = SHARD_FEATURES.arrow_schema
+    table = pa.Table.from_pylist([SHARD_FEATURES.encode_example(r) for r in rows], schema=schema)
     write_atomically(path, lambda tmp: pq.write_table(table, tmp))  # a shard is either complete or absent
 
 
@@ -75,15 +78,14 @@ def rows_problem(
     return None
 
 
-def shard_problem(
-    path: Path, batch: Sequence[PromptRow], features: datasets.Features, metadata: TrajectoryMetadata
-) -> str | None:
+def shard_problem(path: Path, batch: Sequence[PromptRow], metadata: TrajectoryMetadata) -> str | None:
     """What is wrong with a written shard, or ``None`` when it holds exactly its batch's valid rows."""
     try:
-        missing = [name for name in features if name not in pq.read_schema(path).names]
+        missing = [name for name in SHARD_FEATURES if name not in pq.read_schema(path).names]
         if missing:  # read with the schema, they would come back as nulls
             return f"it lacks column(s) {missing}"
-        table = pq.read_table(path, schema=features.arrow_schema)
+        # Read with the schema: the source columns that older shards also hold are left out.
+        table = pq.read_table(path, schema=SHARD_FEATURES.arrow_schema)
     except (pa.ArrowException, OSError, ValueError, KeyError) as err:  # truncated, other columns or types
         return f"it cannot be read with the collection's columns ({type(err).__name__}: {err})"
     return rows_problem(table.to_pylist(), batch, metadata)
@@ -96,6 +98,31 @@ def _differences(saved: Any, current: Any, prefix: str = "") -> list[str]:
             out += _differences(saved.get(key), current.get(key), f"{prefix}{key}.")
         return out
     return [] if saved == current else [f"{prefix[:-1]}: {saved!r} (saved) != {current!r} (now)"]
+
+
+def teacher_name(name: str) -> str:
+    """How a teacher is recorded: a local folder by its absolute path (``teacher/``, ``./teacher`` and
+    ``/abs/teacher`` are one teacher), a Hub id as it is."""
+    return os.path.abspath(name) if os.path.isdir(name) else name
+
+
+def check_output_dir(output_dir: Path) -> None:
+    """Refuse a folder holding a saved dataset that is not a collection: the merge would overwrite it."""
+    saved = [name for name in ("state.json", "dataset_dict.json") if (output_dir / name).is_file()]
+    if saved and not (output_dir / MANIFEST).is_file():
+        raise ValueError(
+            f"output_dir {output_dir} holds a saved dataset ({saved[0]}) that is not a trajectory collection (no "
+            f"{MANIFEST}): the collection would overwrite it; use another output_dir"
+        )
+
+
+def saved_batch_size(output_dir: Path) -> int | None:
+    """The batch size the collection in ``output_dir`` started with; ``None`` when there is none (or it cannot be
+    read, which :func:`check_manifest` reports)."""
+    try:
+        return int(json.loads((output_dir / MANIFEST).read_text())["collection"]["batch_size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def check_manifest(output_dir: Path, manifest: dict[str, Any], is_main: bool, barrier: Any) -> None:
@@ -120,6 +147,9 @@ def check_manifest(output_dir: Path, manifest: dict[str, Any], is_main: bool, ba
         # A collection saved before a decoding setting existed (e.g. cfg_scale) was decoded with its default.
         defaults = DiffusionGenerationConfig().to_dict()
         saved["generation_config"] = {**defaults, **saved["generation_config"]}
+    # Collections started before these were normalised or taken from the source at the merge.
+    saved["metadata"]["teacher"] = teacher_name(saved["metadata"]["teacher"])
+    saved.get("collection", {}).pop("keep_columns", None)
     current = json.loads(json.dumps(manifest))
     current["metadata"].pop("t3d_trl_version", None)
     if "teacher_weights" not in saved:  # a collection started before the fingerprint was recorded
@@ -136,16 +166,18 @@ def check_manifest(output_dir: Path, manifest: dict[str, Any], is_main: bool, ba
 def merge_shards(
     output_dir: Path,
     batches: Sequence[Sequence[PromptRow]],
-    features: datasets.Features,
+    source_features: datasets.Features,
     metadata: TrajectoryMetadata,
     *,
     filter_unfinished: bool = False,
     gold_column: str | None = None,
     answer_checker: Callable[[str, str], bool] | None = None,
 ) -> tuple[datasets.Dataset, dict[str, int]]:
-    """Read every batch's (validated) shard, restore source order and apply the filters.
+    """Read every batch's (validated) shard, restore source order, add the source columns and apply the filters.
 
-    ``gold_column`` keeps the rows whose completion ``answer_checker(completion, gold)`` accepts.
+    The decoded columns come from the shards, the source columns (``source_features``) from the prompts of this
+    run, so a rerun filters on the source as it is now. ``gold_column`` keeps the rows whose completion
+    ``answer_checker(completion, gold)`` accepts.
 
     Returns the dataset and ``{rule: rows dropped}`` for the filters that dropped rows.
     """
@@ -155,18 +187,29 @@ def merge_shards(
             f"{len(missing)} batches have no shard in {output_dir / SHARD_DIR} (first: {missing[0]})"
         )
     table = pa.concat_tables(
-        [pq.read_table(shard_path(output_dir, i), schema=features.arrow_schema) for i in range(len(batches))]
+        [
+            pq.read_table(shard_path(output_dir, i), schema=SHARD_FEATURES.arrow_schema)
+            for i in range(len(batches))
+        ]
     )
-    position = {p.id: p.index for batch in batches for p in batch}
+    prompts = {p.id: p for batch in batches for p in batch}
     ids = table.column("id").to_pylist()
-    foreign = sorted(set(ids) - position.keys())
+    foreign = sorted(set(ids) - prompts.keys())
     if foreign:
         raise ValueError(
             f"the shards in {output_dir / SHARD_DIR} hold ids that are not prompts of this collection "
             f"({foreign[:5]}): they come from another collection; delete {output_dir} to start over"
         )
-    order = sorted(range(table.num_rows), key=lambda r: position[ids[r]])
-    dataset = datasets.Dataset(table.take(pa.array(order)), info=datasets.DatasetInfo(features=features))
+    order = sorted(range(table.num_rows), key=lambda r: prompts[ids[r]].index)
+    table = table.take(pa.array(order))
+    source = pa.Table.from_pylist(
+        [source_features.encode_example(prompts[ids[r]].extra) for r in order],
+        schema=source_features.arrow_schema,
+    )
+    for field, column in zip(source.schema, source.columns):
+        table = table.append_column(field, column)
+    features = datasets.Features({**SHARD_FEATURES, **source_features})
+    dataset = datasets.Dataset(table, info=datasets.DatasetInfo(features=features))
     metadata.attach(dataset)
     dropped: dict[str, int] = {}
     if filter_unfinished:
@@ -223,7 +266,8 @@ def save_dataset(dataset: datasets.Dataset, output_dir: Path) -> None:
     # staging folder is this call's own, so two processes finishing one collection cannot delete each other's.
     staging = Path(tempfile.mkdtemp(prefix=".saving-", dir=output_dir))
     try:
-        dataset.save_to_disk(str(staging))
+        # One data file even for 0 rows (filters dropped every row): datasets cannot load a save without one.
+        dataset.save_to_disk(str(staging), num_shards=None if len(dataset) else 1)
         for item in staging.iterdir():
             os.replace(item, output_dir / item.name)
     finally:

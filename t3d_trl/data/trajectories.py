@@ -17,8 +17,9 @@ How a collection runs:
   that fails stops the run with an error naming it. It refuses to resume when the settings differ from the
   ones the folder was started with, naming each difference.
 * Several processes (``accelerate launch`` / ``torchrun``, one per GPU, or several CPU processes) take
-  every ``world_size``-th batch; the main process then merges the shards in source order, applies the
-  filters, and saves the dataset into ``output_dir`` (``save_to_disk`` layout), where
+  every ``world_size``-th batch; the main process then merges the shards in source order, adds the source
+  columns (taken from the source as it is now: shards hold the decoded columns only), applies the filters,
+  and saves the dataset into ``output_dir`` (``save_to_disk`` layout), where
   :func:`t3d_trl.load_trajectories` reads it. No row is dropped without being counted: the counts of
   prompts, rows and rows dropped by each rule are stored in ``collection.json`` (:func:`collection_summary`).
 """
@@ -40,6 +41,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..diffusion.config import require_diffusion_config
+from ..diffusion.forward import max_positions
 from ..generation.configuration import DiffusionGenerationConfig
 from ..generation.memory import auto_batch_size, peak_memory_gb, reset_peak_memory
 from ..generation.sampler import eos_token_ids, left_pad
@@ -50,13 +52,15 @@ from .schema import TrajectoryMetadata
 from .shards import (
     SHARD_DIR,
     check_manifest,
+    check_output_dir,
     collection_summary,
     merge_shards,
     rows_problem,
     save_dataset,
-    shard_features,
+    saved_batch_size,
     shard_path,
     shard_problem,
+    teacher_name,
     write_shard,
     write_summary,
 )
@@ -118,7 +122,6 @@ def _generate_batch(
                 "decode_step": decode_step,
                 "finished": finished,
                 "completion": tokenizer.decode(completion_ids, skip_special_tokens=True),
-                **p.extra,
             }
         )
     return rows
@@ -138,6 +141,17 @@ def _process_group() -> tuple[int, int, Any]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size(), dist.barrier
     return 0, 1, lambda: None
+
+
+def _smallest_over_processes(value: int) -> int:
+    """The smallest of every process's ``value`` (``value`` itself without a process group)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    values: list[int | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return min(values)
 
 
 def _resolve_model(
@@ -215,8 +229,9 @@ class _PromptOptions:
             use_chat_template=self.use_chat_template,
             keep_columns=self.keep_columns,
         )
-        max_positions = getattr(model.config, "max_position_embeddings", None)
-        prompts, dropped = drop_long_prompts(prompts, self.max_prompt_length, max_positions, max_new_tokens)
+        prompts, dropped = drop_long_prompts(
+            prompts, self.max_prompt_length, max_positions(model), max_new_tokens
+        )
         if not prompts:
             raise ValueError(f"no prompts to collect: all {len(dataset)} were dropped ({', '.join(dropped)})")
         return prompts, dropped
@@ -241,7 +256,6 @@ class _PromptOptions:
                 "prompt_column": self.prompt_column,
                 "id_column": self.id_column,
                 "chat_column": self.chat_column,
-                "keep_columns": list(prompts[0].extra),
                 "max_prompt_length": self.max_prompt_length,
                 "num_prompts": len(prompts),
                 "prompts_sha256": digest,
@@ -285,11 +299,11 @@ def _teacher_settings(
     outside = [e for e in eos_ids if not 0 <= e < vocab]
     if outside:
         raise ValueError(f"eos_token_id {outside} is outside the model's vocabulary of {vocab}")
-    max_positions = getattr(model.config, "max_position_embeddings", None)
-    if max_positions is not None and config.max_new_tokens >= max_positions:
+    limit = max_positions(model)
+    if limit is not None and config.max_new_tokens >= limit:
         raise ValueError(
             f"max_new_tokens={config.max_new_tokens} leaves no room for a prompt in the model's "
-            f"max_position_embeddings={max_positions}"
+            f"max_position_embeddings={limit}"
         )
     if not eos_ids:
         logger.warning("no EOS token known: every completion will run to max_new_tokens")
@@ -305,7 +319,7 @@ def _teacher_settings(
     if options.use_chat_template and not chat:
         logger.warning("the tokenizer has no chat template: prompts are the raw user messages")
     metadata = TrajectoryMetadata(
-        teacher=getattr(model, "name_or_path", "") or "unknown",
+        teacher=teacher_name(getattr(model, "name_or_path", "") or "unknown"),
         teacher_revision=teacher_revision or getattr(model.config, "_commit_hash", None),
         mask_token_id=diffusion.mask_token_id,
         attention=diffusion.attention,
@@ -363,7 +377,6 @@ class _BatchRun:
     tokenizer: Any
     config: DiffusionGenerationConfig
     metadata: TrajectoryMetadata
-    features: datasets.Features
     output_dir: Path
     seed: int
     peak_memory_gb: float | None = None  # this process's peak GPU memory while decoding (None off CUDA)
@@ -374,7 +387,7 @@ class _BatchRun:
         for index, batch in mine:
             path = shard_path(self.output_dir, index)
             if path.exists():
-                problem = shard_problem(path, batch, self.features, self.metadata)
+                problem = shard_problem(path, batch, self.metadata)
                 if problem is None:
                     continue
                 logger.warning("shard %s fails validation (%s): decoding its batch again", path, problem)
@@ -414,7 +427,7 @@ class _BatchRun:
                         f"shard {shard_path(self.output_dir, index)} (batch {index}) fails validation right after "
                         f"decoding, so it was not written: {problem}"
                     )
-                write_shard(shard_path(self.output_dir, index), rows, self.features)
+                write_shard(shard_path(self.output_dir, index), rows)
                 new_tokens += sum(len(r["completion_ids"]) for r in rows)
                 bar.update(len(batch))
                 bar.set_postfix(tokens_per_s=f"{new_tokens / (time.perf_counter() - start):.1f}")
@@ -434,10 +447,15 @@ class _BatchRun:
             logger.info("peak GPU memory while decoding: %.2f GiB", self.peak_memory_gb)
 
     def merge(
-        self, batches: Sequence[Sequence[PromptRow]], num_source: int, dropped: dict[str, int], **filters: Any
+        self,
+        batches: Sequence[Sequence[PromptRow]],
+        source_features: datasets.Features,
+        num_source: int,
+        dropped: dict[str, int],
+        **filters: Any,
     ):
         """Merge every shard into the dataset of ``output_dir`` (main process) and record the counts."""
-        merged, filtered = merge_shards(self.output_dir, batches, self.features, self.metadata, **filters)
+        merged, filtered = merge_shards(self.output_dir, batches, source_features, self.metadata, **filters)
         save_dataset(merged, self.output_dir)
         summary = {"prompts": num_source, "rows": len(merged), "dropped": {**dropped, **filtered}}
         if self.peak_memory_gb is not None:
@@ -446,13 +464,23 @@ class _BatchRun:
         logger.info(collection_summary(self.output_dir))
 
 
-def collection_batch_size(model: Any, config: DiffusionGenerationConfig, prompts: Sequence[PromptRow]) -> int:
-    """The batch size of ``batch_size=None``: from free GPU memory for the longest prompt's canvas (8 on the CPU)."""
+def collection_batch_size(
+    model: Any, config: DiffusionGenerationConfig, prompts: Sequence[PromptRow], output_dir: Path
+) -> int:
+    """The batch size of ``batch_size=None``: on a resume, the one the collection started with (the batches must
+    not change); else from the free GPU memory for the longest prompt's canvas (8 on the CPU), the smallest over
+    the processes, since every process must plan the same batches."""
+    saved = saved_batch_size(output_dir)
+    if saved is not None:
+        logger.info("batch size %d (the collection's own, resuming)", saved)
+        return saved
     block = (
         config.block_length or getattr(model.diffusion_config, "block_size", None) or config.max_new_tokens
     )
     longest = max(len(p.prompt_ids) for p in prompts)
-    batch_size = auto_batch_size(model, longest + config.max_new_tokens + block, block)
+    batch_size = _smallest_over_processes(
+        auto_batch_size(model, longest + config.max_new_tokens + block, block)
+    )
     logger.info("batch size %d (from free accelerator memory)", batch_size)
     return batch_size
 
@@ -487,20 +515,24 @@ def collect_trajectories(
         tokenizer: the teacher's tokenizer, a name to load, or ``None`` to load the model's.
         dataset: the source ``datasets.Dataset`` (or a list of dicts).
         prompt_template: ``math`` or ``code`` (the paper's prompts), ``plain``, or a ``str.format`` pattern
-            over the columns; its ``{problem}`` field reads ``prompt_column``.
+            over the columns; its ``{problem}`` field reads ``prompt_column``. Literal braces are doubled
+            (``\\boxed{{}}``).
         output_dir: where shards are written as the collection goes and the final dataset is saved
-            (``save_to_disk`` layout). Rerunning with the same folder resumes.
+            (``save_to_disk`` layout). Rerunning with the same folder resumes. A folder holding another saved
+            dataset is refused.
         generation_config: teacher decoding settings; ``None``: the defaults saved with the model. The paper
             uses ``DiffusionGenerationConfig(block_length=4, tokens_per_step=1)`` (4 steps per block).
         batch_size: prompts decoded together (sorted by length, longest first, to limit padding). ``None``: as
-            many as the free GPU memory holds (up to 128; 8 on the CPU). On CUDA the peak memory is reported in
-            the collection summary.
+            many as the free GPU memory holds (up to 128; 8 on the CPU; the smallest over the processes), or on a
+            resume the batch size the collection started with. On CUDA the peak memory is reported in the
+            collection summary.
         prompt_column: the column that fills the template's ``{problem}``.
         id_column: a column of unique row ids; default: ``id`` when the dataset has one, else the row index.
         chat_column: a column of chat messages (``[{"role": ..., "content": ...}]``) used instead of the
             template, wrapped by the tokenizer's chat template.
         use_chat_template: wrap the user message with the tokenizer's chat template (when it has one).
-        keep_columns: source columns copied into each row; default: all but the trajectory columns.
+        keep_columns: source columns copied into each row; default: all but the trajectory columns. They are
+            taken from ``dataset`` when the shards are merged, so a rerun may change them and their values.
         max_prompt_length: drop prompts longer than this many tokens (counted; prompts too long for the
             model's ``max_position_embeddings`` together with ``max_new_tokens`` are dropped and counted too).
         filter_unfinished: drop completions that hit ``max_new_tokens`` without EOS.
@@ -518,6 +550,8 @@ def collect_trajectories(
         process gets it). :func:`collection_summary` tells how many prompts it came from and how many rows
         each rule dropped.
     """
+    output_dir = Path(output_dir)
+    check_output_dir(output_dir)
     model, tokenizer = _resolve_model(model, tokenizer, teacher_revision, model_kwargs or {})
     vocab = _check_teacher(model, tokenizer)
     dataset, keep_columns = _source_dataset(dataset, keep_columns, gold_column, answer_checker)
@@ -534,16 +568,14 @@ def collect_trajectories(
     config = DiffusionGenerationConfig.parse(generation_config) or model.diffusion_generation_config
     config, metadata = _teacher_settings(model, tokenizer, config, vocab, seed, options, teacher_revision)
     prompts, dropped = options.build(dataset, tokenizer, model, config.max_new_tokens)
-    if batch_size is None:
-        batch_size = collection_batch_size(model, config, prompts)
-    batches = plan_batches(prompts, batch_size)
-    output_dir = Path(output_dir)
     rank, world_size, barrier = _process_group()
     check_process_count(world_size, "collection", "each process would decode every prompt")
+    if batch_size is None:
+        batch_size = collection_batch_size(model, config, prompts, output_dir)
+    batches = plan_batches(prompts, batch_size)
     manifest = options.manifest(model, metadata, config, prompts, batch_size)
     check_manifest(output_dir, manifest, rank == 0, barrier)
-    features = shard_features(dataset, list(prompts[0].extra))
-    run = _BatchRun(model, tokenizer, config, metadata, features, output_dir, seed)
+    run = _BatchRun(model, tokenizer, config, metadata, output_dir, seed)
     run.decode(
         [(i, b) for i, b in enumerate(batches) if i % world_size == rank], len(batches), rank, world_size
     )
@@ -552,6 +584,7 @@ def collect_trajectories(
         filters = dict(
             filter_unfinished=filter_unfinished, gold_column=gold_column, answer_checker=answer_checker
         )
-        run.merge(batches, len(dataset), dropped, **filters)
+        source_features = datasets.Features({c: dataset.features[c] for c in prompts[0].extra})
+        run.merge(batches, source_features, len(dataset), dropped, **filters)
     barrier()
     return datasets.load_from_disk(str(output_dir))

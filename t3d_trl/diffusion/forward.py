@@ -62,6 +62,14 @@ def position_offset(model: torch.nn.Module) -> int | None:
     return 0 if padding_idx is None else padding_idx + 1
 
 
+def max_positions(model: torch.nn.Module) -> int | None:
+    """How many positions ``model`` numbers from 0: ``max_position_embeddings`` less the ids its numbering skips
+    (RoBERTa's ``padding_idx + 1``: 512 of 514); ``None`` when the config sets no limit."""
+    inner = unwrap_model(model)
+    limit = getattr(inner.config, "max_position_embeddings", None)
+    return None if limit is None else limit - (position_offset(inner) or 0)
+
+
 def cache_keyword(model: torch.nn.Module) -> str:
     """transformers 5.24 renamed ``past_key_values`` to ``cache``; support both spellings."""
     return "cache" if "cache" in _forward_params(type(unwrap_model(model))) else "past_key_values"

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from ..diffusion.config import DiffusionConfig
-from ..diffusion.forward import accepts_4d_mask
+from ..diffusion.forward import accepts_4d_mask, max_positions
 from ..diffusion.masks import (
     block_attention_mask,
     padding_attention_mask,
@@ -195,11 +195,11 @@ def _check_model(
         )
     config.check_model(diffusion.is_block_causal, is_decoder)
     longest = int(valid.sum(-1).max())
-    max_positions = getattr(model.config, "max_position_embeddings", None)
-    if max_positions is not None and longest + config.max_new_tokens > max_positions:
+    limit = max_positions(model)
+    if limit is not None and longest + config.max_new_tokens > limit:
         raise ValueError(
             f"prompt of {longest} tokens plus max_new_tokens={config.max_new_tokens} exceeds the "
-            f"model's max_position_embeddings={max_positions}"
+            f"model's max_position_embeddings={limit}"
         )
 
 

@@ -26,7 +26,7 @@ from ..data.preparation import (
     resolve_block_length,
 )
 from ..data.schema import TrajectoryMetadata
-from ..diffusion.forward import accepts_4d_mask, diffusion_forward, unwrap_model
+from ..diffusion.forward import accepts_4d_mask, diffusion_forward, max_positions, unwrap_model
 from ..generation.configuration import DiffusionGenerationConfig
 from ..models.auto import ADAPTER_DEFAULTS_FILE, AutoModelForDiffusionLM, save_adapter_defaults
 from ..utils import without_checkpointing_deprecation
@@ -125,7 +125,7 @@ class T3DTrainer(MetricsMixin, _BaseTrainer):
         # The model: a diffusion description is what makes it a masked diffusion LM.
         inner = unwrap_model(model)
         self.diffusion, self._vocab_size = check_student(inner)
-        self._max_positions = getattr(inner.config, "max_position_embeddings", None)
+        self._max_positions = max_positions(inner)
         self._needs_reference = args.loss_type in REFERENCE_LOSSES
         model = self._wrap_peft(model, peft_config, args)
 
