@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import logging
+import weakref
 
 import pytest
 import torch
@@ -67,6 +69,29 @@ def test_compiled_decoding_gives_the_eager_tokens(tokenizer, compiled_models, ca
     # The compile cost is logged once per model, whatever the number of shapes compiled.
     logged = [r for r in caplog.records if r.name == compiled.__name__ and r.levelno == logging.INFO]
     assert len(logged) == len(compiled_models)
+
+
+@pytest.mark.slow
+def test_bf16_compiled_decoding_gives_the_eager_tokens_and_keeps_one_cache(tokenizer):
+    """Fused bf16 kernels keep float32 intermediates unless told to round as eager does, which flips near-tied
+    tokens; and a cache per batch shape (evaluation meets a new canvas length nearly every batch) would pile up
+    memory the batch size was not planned for."""
+    model = build_block_causal_model(tokenizer, initializer_range=0.5).to(torch.bfloat16)
+    prompts = [*PROMPTS, "abcdefg", "a", "what is 7*6?", "Name a prime", "zzz top"]
+    config = dict(max_new_tokens=16, block_length=4, stop_at_eos=False)
+    longer, shorter = (tokenizer(p, return_tensors="pt", padding=True) for p in (prompts, prompts[3:5]))
+    first = model.diffusion_generate(**longer, compile="default", **config)
+    assert torch.equal(first, model.diffusion_generate(**longer, **config))
+    step = compiled.step_for(model, "default")
+    (old,) = step._caches.values()
+    old = weakref.ref(old)
+    assert torch.equal(
+        model.diffusion_generate(**shorter, compile="default", **config),
+        model.diffusion_generate(**shorter, **config),
+    )
+    gc.collect()
+    assert old() is None and len(step._caches) == 1  # the first shape's cache is freed
+    assert torch.equal(model.diffusion_generate(**longer, compile="default", **config), first)  # met again
 
 
 def test_a_failing_compiler_falls_back_to_eager_with_one_warning(tokenizer, monkeypatch):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from testing_utils import build_block_causal_model
 
+from t3d_trl import DiffusionGenerationConfig
 from t3d_trl.generation.memory import (
     DEFAULT_BATCH_SIZE,
     MAX_AUTO_BATCH_SIZE,
@@ -16,13 +17,17 @@ from t3d_trl.generation.memory import (
 
 def test_auto_batch_size_fits_the_free_memory(tokenizer):
     model = build_block_causal_model(tokenizer)
-    assert auto_batch_size(model, 64, 4) == DEFAULT_BATCH_SIZE  # the CPU: no free-memory reading
-    per_row = decoding_bytes_per_row(model, 64, 4)
+    config = DiffusionGenerationConfig(max_new_tokens=56, block_length=4)
+    assert auto_batch_size(model, config, 4) == DEFAULT_BATCH_SIZE  # the CPU: no free-memory reading
+    per_row = decoding_bytes_per_row(model, 64, 4)  # canvas: prompt 4 + 56 new + a block
     # The static cache alone: 2 (keys, values) x layers x kv heads x head dim x canvas x 4 bytes.
     assert per_row > 2 * 2 * 2 * 8 * 64 * 4
-    assert auto_batch_size(model, 64, 4, free_bytes=10 * per_row, fraction=1.0) == 10
-    assert auto_batch_size(model, 64, 4, free_bytes=per_row // 2) == 1
-    assert auto_batch_size(model, 64, 4, free_bytes=10**15) == MAX_AUTO_BATCH_SIZE
+    assert auto_batch_size(model, config, 4, free_bytes=10 * per_row, fraction=1.0) == 10
+    assert auto_batch_size(model, config, 4, free_bytes=per_row // 2) == 1
+    assert auto_batch_size(model, config, 4, free_bytes=10**15) == MAX_AUTO_BATCH_SIZE
+    # Guidance decodes an unconditional copy of every row beside it: half the prompts fit.
+    guided = config.update(cfg_scale=1.0)
+    assert auto_batch_size(model, guided, 4, free_bytes=10 * per_row, fraction=1.0) == 5
     # A longer canvas needs more memory per row.
     assert decoding_bytes_per_row(model, 512, 4) > 8 * per_row
     assert peak_memory_gb(torch.device("cpu")) is None

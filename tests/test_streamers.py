@@ -157,6 +157,30 @@ def test_token_pieces_separator_follows_the_tokenizer(tokenizer):
     assert token_separator(words) == " "  # word level: the decoder joins tokens with spaces
 
 
+def test_a_character_split_over_byte_level_tokens_shows_whole():
+    """Byte-level tokenizers (Qwen's, SDAR's, Dream's) split non-ASCII characters over tokens that decode to
+    U+FFFD one by one: the token completing the character shows it, and a mask between the parts keeps them
+    apart (the character is not complete on the canvas yet)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {c: i for i, c in enumerate(sorted(alphabet))} | {"[MASK]": len(alphabet)}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    bytes_level = PreTrainedTokenizerFast(tokenizer_object=backend, mask_token="[MASK]")
+    text = "π ≈ 3.14 café"
+    ids = bytes_level(text)["input_ids"]
+    assert len(ids) == len(text.encode()) > len(text)  # one token per byte
+    pieces = token_pieces(bytes_level, ids)
+    assert "".join(pieces) == text and "\ufffd" not in "".join(pieces)
+    assert pieces[:2] == ["", "π"] and pieces[-2:] == ["", "é"]
+    masked = [*ids[:-1], bytes_level.mask_token_id]
+    assert token_pieces(bytes_level, masked)[-2:] == ["\ufffd", "[MASK]"]
+    assert token_pieces(bytes_level, [ids[0], bytes_level.mask_token_id, ids[1]])[::2] == ["\ufffd"] * 2
+
+
 def _steps(tokenizer, **kwargs):
     model = build_bidirectional_model(tokenizer)
     ids = tokenizer(["hello"], return_tensors="pt").input_ids

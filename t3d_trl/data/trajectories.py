@@ -474,13 +474,8 @@ def collection_batch_size(
     if saved is not None:
         logger.info("batch size %d (the collection's own, resuming)", saved)
         return saved
-    block = (
-        config.block_length or getattr(model.diffusion_config, "block_size", None) or config.max_new_tokens
-    )
     longest = max(len(p.prompt_ids) for p in prompts)
-    batch_size = _smallest_over_processes(
-        auto_batch_size(model, longest + config.max_new_tokens + block, block)
-    )
+    batch_size = _smallest_over_processes(auto_batch_size(model, config, longest))
     logger.info("batch size %d (from free accelerator memory)", batch_size)
     return batch_size
 

@@ -159,13 +159,7 @@ def generate_completions(
     completions, num_tokens, nfe, finished, latency = [""] * n, [0] * n, [0] * n, [False] * n, [0.0] * n
     order = sorted(range(n), key=lambda i: -len(ids[i]))
     if batch_size is None:
-        block = (
-            config.block_length
-            or getattr(model.diffusion_config, "block_size", None)
-            or config.max_new_tokens
-        )
-        longest = len(ids[order[0]]) if n else 0
-        batch_size = auto_batch_size(model, longest + config.max_new_tokens + block, block)
+        batch_size = auto_batch_size(model, config, len(ids[order[0]]) if n else 0)
     reset_peak_memory(device)
     with tqdm(total=n, desc=desc, unit="sample", disable=not progress, leave=False) as bar:
         for start in range(0, n, batch_size):

@@ -103,9 +103,9 @@ class CompiledStep(EagerStep):
     """``torch.compile`` of the step of one model in one mode, shared by every generation with that model.
 
     The first call with a new shape compiles (its time is logged once and summed in ``compile_seconds``);
-    later calls reuse the compiled code. Static caches are kept per shape and reused, so the buffers a
-    compiled step (or a captured CUDA graph) reads never move; generations with one model are therefore not
-    reentrant across threads.
+    later calls reuse the compiled code. The static cache of the latest shape is kept and reused, so the buffers
+    a compiled step (or a captured CUDA graph) reads never move while generations repeat a shape; generations
+    with one model are therefore not reentrant across threads.
     """
 
     compiled = True
@@ -117,8 +117,12 @@ class CompiledStep(EagerStep):
         # Automatic dynamic shapes: the first shape of a function compiles a specialised graph, a second one a
         # graph generic in the dimensions that changed, so modes whose window length changes per block (prefix,
         # and the no-cache canvas of block-causal models) compile twice, not once per block.
-        options = dict(mode=None if mode == "default" else mode, dynamic=None)
-        self._forward = torch.compile(_own_copy(forward_window), **options)
+        # The mode's Inductor options, plus rounding every intermediate to its dtype as eager does: fused bf16/fp16
+        # kernels would otherwise keep float32 intermediates and flip near-tied tokens against eager decoding.
+        from torch._inductor import list_mode_options
+
+        options = {**list_mode_options(mode), "emulate_precision_casts": True}
+        self._forward = torch.compile(_own_copy(forward_window), options=options, dynamic=None)
         # A model meets a few shapes per mode and batch size; dynamo's default limit (8) would silently send
         # the ninth to eager.
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
@@ -167,6 +171,10 @@ class CompiledStep(EagerStep):
     ) -> StaticKVCache:
         key = (batch, length, dtype, str(device))
         if key not in self._caches:
+            # Only the latest shape's cache is kept: evaluation and collection sort prompts by length, so nearly
+            # every batch has a canvas of its own, and the batch size is planned for one cache. A shape met again
+            # gets a new cache (CUDA graphs re-record for its address; the compiled code is reused).
+            self._caches.clear()
             cache = StaticKVCache(model.config, batch, length, dtype, device)
             cache.mark_static()
             self._caches[key] = cache

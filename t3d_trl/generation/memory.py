@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
+
+if TYPE_CHECKING:
+    from .configuration import DiffusionGenerationConfig
 
 DEFAULT_BATCH_SIZE = 8  # the CPU's, and any device's whose free memory cannot be read
 MAX_AUTO_BATCH_SIZE = 128
@@ -35,17 +40,18 @@ def decoding_bytes_per_row(model: torch.nn.Module, canvas_length: int, block_len
 
 def auto_batch_size(
     model: torch.nn.Module,
-    canvas_length: int,
-    block_length: int,
+    config: DiffusionGenerationConfig,
+    longest_prompt: int,
     free_bytes: int | None = None,
     fraction: float = 0.8,
 ) -> int:
-    """How many rows to decode together: as many as ``fraction`` of the free accelerator memory holds (at most
-    ``MAX_AUTO_BATCH_SIZE``), or ``DEFAULT_BATCH_SIZE`` on the CPU.
+    """How many prompts to decode together with ``config``: as many as ``fraction`` of the free accelerator
+    memory holds (at most ``MAX_AUTO_BATCH_SIZE``), or ``DEFAULT_BATCH_SIZE`` on the CPU.
 
     Args:
-        canvas_length: the longest prompt plus ``max_new_tokens``.
-        block_length: decoding block length (its logits are held in float32 and float64).
+        config: the decoding settings; the canvas is ``longest_prompt`` plus ``max_new_tokens`` (plus a block of
+            alignment), and guidance (``cfg_scale > 0``) runs an unconditional copy of every row beside it.
+        longest_prompt: tokens of the longest prompt.
         free_bytes: free memory to plan with; default: read from the model's CUDA device.
     """
     if free_bytes is None:
@@ -53,7 +59,11 @@ def auto_batch_size(
         if device.type != "cuda":
             return DEFAULT_BATCH_SIZE
         free_bytes, _ = torch.cuda.mem_get_info(device)
-    per_row = decoding_bytes_per_row(model, canvas_length, block_length)
+    block = (
+        config.block_length or getattr(model.diffusion_config, "block_size", None) or config.max_new_tokens
+    )
+    per_row = decoding_bytes_per_row(model, longest_prompt + config.max_new_tokens + block, block)
+    per_row *= 2 if config.cfg_scale > 0 else 1
     return max(1, min(MAX_AUTO_BATCH_SIZE, int(free_bytes * fraction) // per_row))
 
 

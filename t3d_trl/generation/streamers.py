@@ -124,8 +124,23 @@ class DiffusionIteratorStreamer(DiffusionStreamer):
 
 
 def token_pieces(tokenizer: Any, ids: list[int]) -> list[str]:
-    """Display text of each token (join them with :func:`token_separator`)."""
-    return [tokenizer.decode([i]) for i in ids]
+    """Display text of each token (join them with :func:`token_separator`).
+
+    A character that a byte-level tokenizer (Qwen's, SDAR's, Dream's) splits over several tokens decodes to
+    U+FFFD token by token: it is shown whole on the token that completes it, and the tokens before show nothing.
+    Bytes that nothing completes (the rest still masked: a mask token breaks the run) stay U+FFFD.
+    """
+    pieces = [tokenizer.decode([i]) for i in ids]
+    start = None  # the first token of a character not complete yet
+    for k, piece in enumerate(pieces):
+        if _REPLACEMENT not in piece:
+            start = None
+            continue
+        start = k if start is None else start
+        joined = tokenizer.decode(ids[start : k + 1])
+        if _REPLACEMENT not in joined:
+            pieces[start:k], pieces[k], start = [""] * (k - start), joined, None
+    return pieces
 
 
 def token_separator(tokenizer: Any) -> str:
@@ -139,6 +154,8 @@ def token_separator(tokenizer: Any) -> str:
     a, b = token_pieces(tokenizer, sample)
     return " " if tokenizer.decode(sample) == f"{a} {b}" else ""
 
+
+_REPLACEMENT = "\ufffd"  # what a token holding part of a UTF-8 character decodes to
 
 # ANSI styles: masks dim, this step's tokens reversed, earlier tokens plain, special tokens dim.
 _DIM, _NEW, _RESET = "\x1b[2m", "\x1b[1;7m", "\x1b[0m"

@@ -288,11 +288,17 @@ class ColumnView:
         if self.state is None:
             self.state = CanvasState([""] * len(tokens), [0] * len(tokens), separator=self.separator)
         self.nfe = int(step.nfe[0])
-        new = [i for i, flag in enumerate(committed) if flag]
-        for i, piece in zip(new, token_pieces(self.tokenizer, [tokens[i] for i in new])):
-            self.state.pieces[i], self.state.steps[i] = piece, self.nfe
-            if tokens[i] in self.special:
-                self.state.hidden.add(i)
+        # The whole row's pieces: a token that completes a character split over byte-level tokens changes how
+        # its earlier parts show.
+        pieces = token_pieces(self.tokenizer, tokens)
+        masked = step.masked[0].tolist()
+        for i, flag in enumerate(committed):
+            if flag:
+                self.state.steps[i] = self.nfe
+                if tokens[i] in self.special:
+                    self.state.hidden.add(i)
+            if not masked[i]:
+                self.state.pieces[i] = pieces[i]
         self.state.latest = self.nfe
 
     def frame(self, pieces: list[str], steps: list[int], latest: int, hidden: set[int]) -> None:
