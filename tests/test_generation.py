@@ -9,9 +9,9 @@ from fast_dllm_port import fast_dllm_generate
 from testing_utils import build_bidirectional_model, build_block_causal_model, build_modernbert_model
 from transformers import GenerationConfig
 
-from t3d_trl import DiffusionGenerationConfig
+from t3d_trl import DiffusionConfig, DiffusionGenerationConfig, add_diffusion_generation
 from t3d_trl.generation.remasking import select_dynamic, select_static, transfer_schedule
-from t3d_trl.generation.sampler import BlockRunner, layout_canvas
+from t3d_trl.generation.sampler import BlockRunner, layout_canvas, left_pad
 
 BUILDERS = {
     "bidirectional": build_bidirectional_model,
@@ -287,6 +287,8 @@ def test_shifted_logits_read_the_previous_position(tokenizer):
             "cache='dual' and cache_implementation='prefix' disagree",
         ),
         (dict(temperature="0.5"), "temperature must be a number, got '0.5' (str)"),
+        (dict(temperature=float("nan")), "temperature must be a finite number, got nan"),  # was greedy
+        (dict(cfg_scale=float("inf")), "cfg_scale must be a finite number, got inf"),
         (
             dict(generation_config={"max_new_tokens": 8, "tokens": 1}),
             "unknown keys in diffusion generation config",
@@ -304,6 +306,25 @@ def test_bad_settings_name_the_value(tokenizer, settings, message):
     with pytest.raises((ValueError, TypeError)) as info:
         model.diffusion_generate(input_ids, attention_mask, **settings)
     assert message in str(info.value)
+
+
+@pytest.mark.parametrize("kind", ["bidirectional", "block_causal"])
+def test_an_empty_prompt_decodes_like_an_empty_row_of_a_batch(tokenizer, kind):
+    """An empty prompt (unconditional generation) lays out on the canvas; in a batch it is a row of padding."""
+    model = (build_bidirectional_model if kind == "bidirectional" else build_block_causal_model)(tokenizer)
+    settings = dict(max_new_tokens=8, block_length=4, tokens_per_step=2, stop_at_eos=False, use_cache=False)
+    alone = model.diffusion_generate(torch.zeros(1, 0, dtype=torch.long), **settings)
+    assert alone.shape == (1, 8) and not (alone == tokenizer.mask_token_id).any()
+    rows = [[], tokenizer("hi")["input_ids"]]
+    batched = model.diffusion_generate(*left_pad(rows, tokenizer.pad_token_id), **settings)
+    assert torch.equal(batched[0, -8:], alone[0])
+    with pytest.raises(ValueError, match="batch of 0 rows"):
+        model.diffusion_generate(torch.zeros(0, 3, dtype=torch.long), **settings)
+    dream = add_diffusion_generation(
+        build_bidirectional_model(tokenizer), DiffusionConfig(tokenizer.mask_token_id, shift_logits=True)
+    )
+    with pytest.raises(ValueError, match=r"row\(s\) \[0\] have an empty prompt: a shifted-logit model"):
+        dream.diffusion_generate(*left_pad(rows, tokenizer.pad_token_id), **settings)
 
 
 def test_right_padded_batch_is_refused(tokenizer):

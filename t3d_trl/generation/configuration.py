@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -135,6 +136,8 @@ class DiffusionGenerationConfig:
             if isinstance(value, bool) or not isinstance(value, kind):
                 noun = "an integer" if kind is numbers.Integral else "a number"
                 raise TypeError(f"{name} must be {noun}, got {value!r} ({type(value).__name__})")
+            if kind is numbers.Real and not math.isfinite(value):  # NaN passes every range check (as greedy)
+                raise ValueError(f"{name} must be a finite number, got {value}")
             setattr(self, name, int(value) if kind is numbers.Integral else float(value))
 
     def validate(self) -> None:
@@ -170,7 +173,7 @@ class DiffusionGenerationConfig:
             )
         if self.compile is not None and self.compile not in COMPILE_MODES:
             raise ValueError(f"compile must be None or one of {COMPILE_MODES}, got {self.compile!r}")
-        if not self.cfg_scale >= 0:  # also refuses NaN
+        if self.cfg_scale < 0:
             raise ValueError(f"cfg_scale must be >= 0 (0 turns guidance off), got {self.cfg_scale}")
         if self.threshold is not None:
             if not 0 < self.threshold <= 1:

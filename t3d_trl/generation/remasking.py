@@ -115,13 +115,15 @@ def draw_noise(
     device: torch.device | str,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """The random inputs of one proposal over logits of ``shape`` ``[B, L, V]``: float64 uniforms for the
-    Gumbel noise (when sampling) and the ``random`` rule's scores, drawn in that order from ``generator``."""
+    Gumbel noise (when sampling) and the ``random`` rule's scores, drawn in that order from ``generator``, on
+    its device (a CPU generator serves a GPU model too, at the cost of a copy), then moved to ``device``."""
+    where = generator.device if generator is not None else device
     uniform = None
     if temperature > 0:
-        uniform = torch.rand(shape, dtype=torch.float64, device=device, generator=generator)
+        uniform = torch.rand(shape, dtype=torch.float64, device=where, generator=generator).to(device)
     random_score = None
     if remasking == "random":
-        random_score = torch.rand(shape[:-1], device=device, generator=generator).double()
+        random_score = torch.rand(shape[:-1], device=where, generator=generator).double().to(device)
     return uniform, random_score
 
 

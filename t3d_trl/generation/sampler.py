@@ -103,6 +103,8 @@ def _check_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) 
             )
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be [batch, prompt_len], got shape {tuple(input_ids.shape)}")
+    if input_ids.shape[0] == 0:
+        raise ValueError("input_ids holds no prompt (batch of 0 rows)")
     if input_ids.dtype not in (torch.long, torch.int, torch.int32):
         raise ValueError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
     if attention_mask is None:
@@ -152,8 +154,9 @@ def layout_canvas(
     in_prompt = (offset >= 0) & (offset < lengths.unsqueeze(1))
     in_gen = (offset >= lengths.unsqueeze(1)) & (offset < (lengths + max_new_tokens).unsqueeze(1))
     # Real prompt tokens sit at the end of each left-padded input row.
-    src = (offset + (width - lengths).unsqueeze(1)).clamp(0, width - 1)
-    tokens = torch.where(in_prompt, input_ids.gather(1, src), torch.full_like(src, pad_id))
+    src = (offset + (width - lengths).unsqueeze(1)).clamp(0, max(width - 1, 0))
+    prompt = input_ids.gather(1, src) if width else torch.full_like(src, pad_id)  # width 0: no prompt at all
+    tokens = torch.where(in_prompt, prompt, torch.full_like(src, pad_id))
     tokens = torch.where(in_gen, torch.full_like(tokens, mask_id), tokens)
     full_valid = in_prompt | in_gen
     position_ids = offset.clamp_min(0) * full_valid
@@ -194,6 +197,12 @@ def _check_model(
             f"block-causal decoding needs a decoder that takes 4D masks; {type(model).__name__} does not"
         )
     config.check_model(diffusion.is_block_causal, is_decoder)
+    empty = (valid.sum(-1) == 0).nonzero().flatten().tolist()
+    if diffusion.shift_logits and empty:
+        raise ValueError(
+            f"row(s) {empty} have an empty prompt: a shifted-logit model (Dream) predicts each token from the "
+            "position before it, which the first generated token would not have; start the prompt with BOS"
+        )
     longest = int(valid.sum(-1).max())
     limit = max_positions(model)
     if limit is not None and longest + config.max_new_tokens > limit:
