@@ -70,15 +70,21 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--prompts", type=int, default=32)
-    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--new-tokens", type=int, default=32, help="a multiple of 4 (blocks of 4)")
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="a seconds-long smoke run of the whole script (the test suite runs it so); its figures mean nothing",
+        help="a seconds-long smoke run of the whole script (the test suite runs it so): tiny defaults, which "
+        "flags given with it override; its figures mean nothing",
     )
     args = parser.parse_args()
-    if args.quick:
-        args.reps, args.prompts, args.new_tokens = 1, 4, 8
+    if args.quick:  # tiny defaults: a flag given with --quick still wins
+        parser.set_defaults(reps=1, prompts=4, new_tokens=8)
+        args = parser.parse_args()
+    if min(args.reps, args.prompts, args.threads) < 1:
+        parser.error("--reps, --prompts and --threads must be >= 1")
+    if args.new_tokens < 4 or args.new_tokens % 4:
+        parser.error(f"--new-tokens must be a positive multiple of 4 (blocks of 4), got {args.new_tokens}")
     torch.set_num_threads(args.threads)
     logging.disable(logging.WARNING)
 

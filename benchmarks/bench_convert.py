@@ -147,14 +147,18 @@ def main() -> None:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="a seconds-long smoke run of the whole script (the test suite runs it so); its figures mean nothing",
+        help="a seconds-long smoke run of the whole script (the test suite runs it so): tiny defaults, which "
+        "flags given with it override; its figures mean nothing",
     )
     args = parser.parse_args()
     if args.child:
         _child(*args.child)
         return
-    if args.quick:
-        args.shards, args.shard_mb = 2, 2
+    if args.quick:  # tiny defaults: a flag given with --quick still wins
+        parser.set_defaults(shards=2, shard_mb=2)
+        args = parser.parse_args()
+        if args.shards < 1 or args.shard_mb < 1:
+            parser.error("--shards and --shard-mb must be >= 1")
     elif args.shards < 4 or args.shard_mb < 200:
         parser.error("the acceptance setting needs at least 4 shards of at least 200 MB")
 

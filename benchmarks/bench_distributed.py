@@ -30,8 +30,8 @@ Usage::
 
     python benchmarks/bench_distributed.py [--quick] [--prompts 64] [--batch 16]
 
-``--quick`` uses 16 prompts and a global batch of 4 (well under a minute). The last line printed is one JSON
-object with the figures.
+``--quick`` uses 16 prompts and a global batch of 4 unless given (well under a minute). The last line printed is
+one JSON object with the figures.
 """
 
 from __future__ import annotations
@@ -285,15 +285,24 @@ def _free_port() -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="16 prompts, global batch 4 (seconds)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="default to 16 prompts and a global batch of 4 (seconds); flags win",
+    )
     parser.add_argument("--prompts", type=int, default=64, help="training prompts (trajectories)")
     parser.add_argument("--batch", type=int, default=16, help="global batch: sequences per optimizer step")
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # the working folder of a torchrun worker
     options = parser.parse_args()
-    if options.quick:
-        options.prompts, options.batch = 16, 4
-    if options.batch % 2:
-        parser.error("--batch must be even (it is split over 2 processes)")
+    if options.quick:  # tiny defaults: a flag given with --quick still wins
+        parser.set_defaults(prompts=16, batch=4)
+        options = parser.parse_args()
+    if options.batch < 2 or options.batch % 2:
+        parser.error(
+            f"--batch must be a positive even number (it is split over 2 processes), got {options.batch}"
+        )
+    if options.prompts < 1:
+        parser.error(f"--prompts must be >= 1, got {options.prompts}")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if options.worker:
         worker(Path(options.worker), options.batch)

@@ -307,7 +307,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--gen-len", type=int, default=128)
-    parser.add_argument("--block", type=int, default=32)
+    parser.add_argument(
+        "--block",
+        type=int,
+        default=32,
+        help="decoding block of the 27M bidirectional model: a multiple of 4 (decoded at TokPS 1, 2 and 4) that "
+        "divides --gen-len and --approx-gen-len",
+    )
     parser.add_argument("--cache-gen-len", type=int, default=512)
     parser.add_argument(
         "--approx-prompt-len", type=int, default=256, help="approximate caches: prompt length"
@@ -350,12 +356,25 @@ def main() -> None:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="tiny sizes, one repetition (seconds); step 8 (compiling) runs only with --compile-only",
+        help="tiny models, and tiny defaults that flags given with it override (seconds); step 8 (compiling) "
+        "runs only with --compile-only",
     )
     args = parser.parse_args()
-    if args.quick:
-        args.reps, args.prompt_len, args.gen_len, args.cache_gen_len = 1, 16, 32, 16
-        args.approx_prompt_len, args.approx_gen_len, args.accuracy_prompts = 32, 64, 32
+    if args.quick:  # tiny defaults: a flag given with --quick still wins
+        parser.set_defaults(reps=1, prompt_len=16, gen_len=32, cache_gen_len=16)
+        parser.set_defaults(approx_prompt_len=32, approx_gen_len=64, accuracy_prompts=32)
+        args = parser.parse_args()
+    if min(args.reps, args.threads, args.prompt_len, args.accuracy_prompts) < 1:
+        parser.error("--reps, --threads, --prompt-len and --accuracy-prompts must be >= 1")
+    if args.block < 4 or args.block % 4 or args.gen_len % args.block or args.approx_gen_len % args.block:
+        parser.error(
+            f"--block {args.block} must be a multiple of 4 that divides --gen-len ({args.gen_len}) and "
+            f"--approx-gen-len ({args.approx_gen_len})"
+        )
+    if args.cache_gen_len < 4 or args.cache_gen_len % 4:
+        parser.error(
+            f"--cache-gen-len must be a positive multiple of 4 (blocks of 4), got {args.cache_gen_len}"
+        )
     torch.set_num_threads(args.threads)
     if args.accuracy_only:
         accuracy = cache_accuracy(args)
@@ -376,8 +395,8 @@ def main() -> None:
         f"model: Qwen3 {params / 1e6:.1f}M params, vocab 8192; prompt {args.prompt_len}, generate {args.gen_len}"
     )
 
-    # Warm-up.
-    model.diffusion_generate(prompt, max_new_tokens=args.block, block_length=args.block, tokens_per_step=8)
+    # Warm-up (one block, at a TokPS every valid --block takes).
+    model.diffusion_generate(prompt, max_new_tokens=args.block, block_length=args.block, tokens_per_step=4)
 
     # 1. Ours vs the LLaDA reference port, interleaved; identical tokens required.
     ours_t, ref_t = [], []

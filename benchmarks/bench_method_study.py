@@ -924,9 +924,27 @@ def parse_args() -> argparse.Namespace:
         help="train the students with torch.compile (transformers' torch_compile)",
     )
     parser.add_argument(
-        "--quick", action="store_true", help="tiny budgets and a freshly trained tiny teacher"
+        "--quick",
+        action="store_true",
+        help="a freshly trained tiny teacher, and tiny defaults that flags given with it override",
     )
     args = parser.parse_args()
+    if args.quick:  # every stage on tiny budgets; a flag given with --quick still wins
+        parser.set_defaults(
+            seeds=[0],
+            ablation_seed=0,
+            checkpoints=[1, 2],
+            tuning_seed=1,
+            tune_learning_rates=[1e-3, 3e-4],
+            tune_temperatures=[0.0, 1.0],
+            tune_objectives=["t3d", "mdlm"],
+            workers=max(parser.get_default("workers"), 2),  # the worker pool too
+            variants=QUICK_VARIANTS,
+            batch_size=8,
+            num_trajectories=16,
+            num_eval=8,
+        )
+        args = parser.parse_args()
     try:  # a file that cannot be read is a usage error: one line, exit status 2
         args.protocol = task_protocol(args.task, args.tuning_file)
     except (OSError, ValueError) as error:
@@ -950,18 +968,12 @@ def main() -> None:
     scratch = None
     output = Path(args.output_dir or f"method-study-{args.task}")
     teacher = args.teacher or str(PACKAGED_TEACHERS / args.task)
-    if args.quick:  # every stage on tiny budgets, with a teacher trained here for a few steps
+    if args.quick:  # tiny budgets (parse_args), with a teacher trained here for a few steps
         scratch = tempfile.TemporaryDirectory()
         output = Path(scratch.name)
-        base = dataclasses.replace(base, teacher_steps=2, batch_size=8, num_trajectories=16, num_eval=8)
+        base = dataclasses.replace(base, teacher_steps=2)
         train_teacher(get_task(args.task), base, output / "teacher")
         teacher = str(output / "teacher")
-        args.seeds, args.ablation_seed, args.checkpoints, args.tuning_seed = [0], 0, [1, 2], 1
-        args.tune_learning_rates, args.tune_temperatures = [1e-3, 3e-4], [0.0, 1.0]
-        args.tune_objectives = ["t3d", "mdlm"]
-        args.workers = max(args.workers, 2)  # the worker pool too
-        args.plateau_runs = True
-        args.variants = args.variants or QUICK_VARIANTS
     output.mkdir(parents=True, exist_ok=True)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     context = {

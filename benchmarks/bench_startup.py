@@ -70,9 +70,18 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--rounds", type=int, default=5, help="rounds of the commands (median taken)")
-    parser.add_argument("--quick", action="store_true", help="one round (a smoke test, not a figure)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="default to one round (a smoke test, not a figure); --rounds wins",
+    )
     args = parser.parse_args()
-    rounds = 1 if args.quick else args.rounds
+    if args.quick:
+        parser.set_defaults(rounds=1)
+        args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1, got {args.rounds}")
+    rounds = args.rounds
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     cmds = commands()

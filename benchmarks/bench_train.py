@@ -203,11 +203,15 @@ def main() -> None:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="a seconds-long smoke run of the whole script (the test suite runs it so); its figures mean nothing",
+        help="a seconds-long smoke run of the whole script (the test suite runs it so): tiny defaults, which "
+        "flags given with it override; its figures mean nothing",
     )
     options = parser.parse_args()
-    if options.quick:
-        options.steps, options.repeats = 3, 1
+    if options.quick:  # tiny defaults: a flag given with --quick still wins
+        parser.set_defaults(steps=3, repeats=1)
+        options = parser.parse_args()
+    if options.steps < 3 or options.repeats < 1:
+        parser.error("--steps must be >= 3 (the first 2 are warm-up) and --repeats >= 1")
     if options.worker:
         print(json.dumps(worker(options.worker, options.steps, options.model)))
         return

@@ -7,7 +7,9 @@ Make a Space with the Gradio SDK, copy this file into it as ``app.py`` and add a
     T3D_TRL_COLUMNS  teacher:tokens_per_step=1 t3d:tokens_per_step=4 teacher:threshold=0.9
     T3D_TRL_TRAJECTORIES  your-name/sdar-math-trajectories                          (the replay tab, optional)
 
-Without them the page shows the teachers packaged with t3d-trl, which need no download. Run locally,
+Without them the page shows the teachers packaged with t3d-trl, which need no download. A column naming a model
+that is not in ``T3D_TRL_MODELS``, or with settings its model refuses, stops the Space at start-up with a
+``ValueError`` naming the column (in its logs) rather than failing every Run. Run locally,
 ``python examples/space_app.py`` serves on 127.0.0.1 (a Space sets ``GRADIO_SERVER_NAME=0.0.0.0`` itself).
 """
 

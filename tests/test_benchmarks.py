@@ -42,7 +42,7 @@ def test_registry_holds_the_papers_benchmarks():
         "google-research-datasets/mbpp",
         "sanitized",
     )
-    with pytest.raises(KeyError, match="unknown benchmark 'nope'.*math500"):
+    with pytest.raises(KeyError, match="unknown benchmark 'nope'.*MATH500"):
         get_benchmark("nope")
 
 
@@ -292,21 +292,31 @@ def _startup_targets(result: dict) -> None:
     assert result["generate_over_import"] > 1  # a generation imports torch and transformers and then some
 
 
+def _throughput_targets(result: dict) -> None:
+    # Every row's tokens/s over its model's exact decoding at the same batch: the ratio docs/benchmarks.md quotes.
+    assert all(row["over_exact"] > 0 for row in result["rows"])
+    assert [row["over_exact"] for row in result["rows"] if row["decoding"] == "exact"] == [1.0] * 4
+    assert {"llada_like_batch2_dual", "llada_like_batch2_prefix", "sdar_like_batch1_no_cache"} <= set(
+        result["over_exact"]
+    )
+
+
 TARGETS = {
     "bench_startup": _startup_targets,
+    "bench_throughput": _throughput_targets,
     "bench_code_extraction": _code_extraction_targets,
     "bench_distributed": _distributed_targets,
     "bench_method_study": _method_study_targets,
 }
 
 
-def run_quick(script: Path, *flags: str) -> tuple[dict, str]:
-    """Run ``script --quick *flags`` offline on one thread; return its last-line JSON and its stdout."""
+def run_script(script: Path, *flags: str) -> subprocess.CompletedProcess:
+    """Run ``script --quick *flags`` offline on one thread."""
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
     }
-    done = subprocess.run(
+    return subprocess.run(
         [sys.executable, str(script), "--quick", *flags],
         cwd=REPO,
         env={**env, "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1", "OMP_NUM_THREADS": "1"},
@@ -314,6 +324,11 @@ def run_quick(script: Path, *flags: str) -> tuple[dict, str]:
         text=True,
         timeout=900,
     )
+
+
+def run_quick(script: Path, *flags: str) -> tuple[dict, str]:
+    """Run ``script --quick *flags``; return its last-line JSON and its stdout."""
+    done = run_script(script, *flags)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     return json.loads(done.stdout.strip().splitlines()[-1]), done.stdout
 
@@ -325,6 +340,48 @@ def test_benchmark_script_runs_quick_and_ends_with_one_json_line(script):
     result, _ = run_quick(script)
     assert isinstance(result, dict)
     TARGETS.get(script.stem, lambda result: None)(result)
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize(
+    ("script", "flags", "message"),
+    [
+        # --quick sets defaults only: a flag given with it wins, and is checked like any other.
+        ("bench_collect", ["--reps", "0"], "--reps, --prompts and --threads must be >= 1"),
+        ("bench_collect", ["--prompts", "0"], "--reps, --prompts and --threads must be >= 1"),
+        ("bench_collect", ["--threads", "0"], "--reps, --prompts and --threads must be >= 1"),
+        ("bench_total_correlation", ["--reps", "0"], "--rows, --samples, --reps and --threads must be >= 1"),
+        (
+            "bench_train",
+            ["--repeats", "0"],
+            "--steps must be >= 3 (the first 2 are warm-up) and --repeats >= 1",
+        ),
+        (
+            "bench_train",
+            ["--steps", "2"],
+            "--steps must be >= 3 (the first 2 are warm-up) and --repeats >= 1",
+        ),
+        ("bench_startup", ["--rounds", "0"], "--rounds must be >= 1, got 0"),
+        ("bench_distributed", ["--batch", "0"], "--batch must be a positive even number"),
+        ("bench_sandbox", ["--limit", "0"], "--workers, --repeats and --limit must be >= 1"),
+        ("bench_sandbox", ["--limit", "-3"], "--workers, --repeats and --limit must be >= 1"),
+        (
+            "bench_generation",
+            ["--block", "6"],
+            "--block 6 must be a multiple of 4 that divides --gen-len (32)",
+        ),
+        ("bench_throughput", ["--device", "cuda"], "--device cuda: torch sees no CUDA device here"),
+    ],
+)
+def test_benchmark_scripts_refuse_bad_counts_with_a_usage_error(script, flags, message):
+    if script == "bench_throughput":
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("a CUDA device is here")
+    done = run_script(REPO / "benchmarks" / f"{script}.py", *flags)
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    assert f"{script}.py: error: {message}" in done.stderr
 
 
 @pytest.mark.slow

@@ -132,6 +132,13 @@ def test_debug_shows_the_traceback_and_bugs_keep_theirs(tmp_path, capsys, monkey
         main(["buggy"])
 
 
+def test_version_flag_prints_the_version(capsys):
+    import t3d_trl
+
+    assert main(["--version"]) == 0  # was "unknown command '--version'"
+    assert capsys.readouterr().out == f"t3d-trl {t3d_trl.__version__}\n"
+
+
 def test_snake_case_flags():
     argv = [
         "--max-new-tokens",

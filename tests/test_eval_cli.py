@@ -181,7 +181,10 @@ def count_runs(monkeypatch) -> list[str]:
     [
         ({"models": ["./missing-model"]}, "model 'missing-model': model './missing-model': no such folder"),
         ({"models": ["gone=nope-out"]}, "model 'gone': model 'nope-out': no such folder, and offline"),
-        ({"benchmarks": ["gsm8k", "nope"]}, "unknown benchmark 'nope'"),
+        (
+            {"benchmarks": ["gsm8k", "nope"]},
+            "unknown benchmark 'nope'; registered: ['MATH500', 'GSM8K', 'MBPP', 'HumanEval', 'demo-",
+        ),
         ({"data_files": ["gsm8k=missing.jsonl"]}, "data file 'missing.jsonl' does not exist"),
         ({"data_files": ["gsm8k=math.jsonl"]}, "benchmark 'GSM8K' needs column(s) ['question']"),
         ({"thresholds": [1.5]}, "thresholds must be in (0, 1], got 1.5"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 
@@ -14,7 +15,7 @@ from t3d_trl.data.prompts import encode_prompts
 from t3d_trl.demo.quickstart import PACKAGED_TEACHERS
 from t3d_trl.evaluation.runner import load_model
 from t3d_trl.playground import ColumnSpec, ModelRegistry, build_app, default_columns, default_models
-from t3d_trl.playground.app import column_specs, decode_page
+from t3d_trl.playground.app import column_spec, decode_page
 
 SORT2 = str(PACKAGED_TEACHERS / "sort2")
 PROMPT = "h c a f b e d g ="
@@ -29,6 +30,14 @@ def _expected(prompt: str, **settings) -> tuple[str, int]:
     eos = tokenizer.eos_token_id
     completion = completion[: completion.index(eos)] if eos in completion else completion
     return tokenizer.decode(completion, skip_special_tokens=True), int(out.nfe[0])
+
+
+def _column_models(app) -> list[str]:
+    """The model each of the page's columns starts with."""
+    return [
+        next(b.value for b in app.blocks.values() if getattr(b, "elem_id", None) == f"t3d-model-{i}")
+        for i in range(3)
+    ]
 
 
 # ------------------------------------------------------------------------------------------------ handlers
@@ -81,13 +90,56 @@ def test_column_specs_from_the_command_line_and_the_page():
     spec = ColumnSpec.parse("t3d:tokens_per_step=4,threshold=0.9,cache=dual")
     assert spec == ColumnSpec("t3d", tokens_per_step=4, threshold=0.9, cache="dual")
     assert spec.label == "t3d (tokens_per_step=4, threshold=0.9, cache=dual)"
-    with pytest.raises(ValueError, match="'steps=2' is not key=value with a key in"):
-        ColumnSpec.parse("t3d:steps=2")
-    with pytest.raises(ValueError, match="tokens_per_step must be int, got 'x'"):
-        ColumnSpec.parse("t3d:tokens_per_step=x")
-    # The page: 0 or empty leaves a setting to the model; "(off)" turns a column off.
-    page = ["sort2", 2, 0, None, 8, "(saved)", None, "(off)", 1, None, None, None, "none", 0.0]
-    assert column_specs(page) == [ColumnSpec("sort2", tokens_per_step=2, max_new_tokens=8), None]
+    for text, message in [
+        ("t3d:steps=2", "'steps=2' is not key=value with a key in"),
+        ("t3d:tokens_per_step=x", "tokens_per_step must be int, got 'x'"),
+        ("t3d:tokens_per_step=1,tokens_per_step=2", "tokens_per_step is given twice"),
+        # The config's own checks, before the page is served: no Run could use these.
+        ("sort2:cache=bogus", "cache must be one of ('none', 'prefix', 'dual'), got 'bogus'"),
+        ("sort2:threshold=2", "threshold must be in (0, 1], got 2.0"),
+        ("sort2:tokens_per_step=-2", "tokens_per_step must be positive, got -2"),
+        ("sort2:temperature=-1", "temperature must be >= 0, got -1.0"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(f"column {text!r}: {message}")):
+            ColumnSpec.parse(text)
+    # 0 is a setting: static decoding (no threshold, whatever the model saved) and greedy decoding.
+    assert ColumnSpec.parse("t3d:threshold=0,temperature=0").overrides() == {
+        "threshold": None,
+        "temperature": 0.0,
+    }
+    # The page: an empty box or "(saved)" leaves a setting to the model; "(off)" turns a column off.
+    assert column_spec(["sort2", 2, "", None, "8", "(saved)", None]) == ColumnSpec(
+        "sort2", tokens_per_step=2, max_new_tokens=8
+    )
+    assert column_spec(["sort2", "", "0", "", "", "none", "0"]) == ColumnSpec(
+        "sort2", threshold=0.0, cache="none", temperature=0.0
+    )
+    assert column_spec(["(off)", 1, None, None, None, "none", 0.0]) is None
+    for values, message in [
+        (["sort2", "2.5", "", "", "", "(saved)", ""], "tokens_per_step must be int, got '2.5'"),
+        (["sort2", "-2", "", "", "", "(saved)", ""], "tokens_per_step must be positive, got -2"),
+        (["sort2", "", "", "", "", "(saved)", "-1"], "temperature must be >= 0, got -1.0"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            column_spec(values)
+
+
+def test_page_zero_settings_override_saved_ones_and_negatives_fail_in_their_column():
+    model, tokenizer = load_model(SORT2, device="cpu")
+    # A model saved with dynamic, sampled decoding.
+    model.diffusion_generation_config.update(threshold=0.9, temperature=0.8).save_to_model_config(
+        model.config
+    )
+    registry = ModelRegistry({"dynamic": (model, tokenizer)})
+    values = ["dynamic", 1, 0, None, None, "(saved)", 0]  # threshold 0: static; temperature 0: greedy
+    values += ["dynamic", -2, None, None, None, "(saved)", None]
+    values += ["dynamic", 1, None, None, None, "(saved)", -1]
+    status, htmls = list(decode_page(registry, PROMPT, True, 0, values))[-1]
+    text, nfe = _expected(PROMPT, tokens_per_step=1)  # the packaged sort2: static and greedy
+    assert nfe == 8 and f'data-done="1" data-nfe="{nfe}"' in htmls[0] and f">{text}</div>" in htmls[0]
+    assert "tokens_per_step must be positive, got -2" in htmls[1] and 'class="t3d-error"' in htmls[1]
+    assert "temperature must be &gt;= 0, got -1.0" in htmls[2] and 'class="t3d-error"' in htmls[2]
+    assert 'data-state="done"' in status
 
 
 def test_quickstart_models_and_columns(tmp_path):
@@ -101,7 +153,19 @@ def test_quickstart_models_and_columns(tmp_path):
     (tmp_path / "results.json").write_text(json.dumps(results))
     models = default_models(tmp_path)
     assert models["teacher"] == SORT2 and models["t3d"] == str(tmp_path / "t3d") and "td" not in models
-    assert [c.model for c in default_columns(list(models), quickstart=True)] == ["teacher", "t3d", "teacher"]
+    assert [c.model for c in default_columns(list(models))] == ["teacher", "t3d", "teacher"]
+    # A student is shown whatever named the models (--models, a Space's variables), not only a quickstart run.
+    assert [c.model for c in default_columns(["teacher", "td", "sort2"])] == ["teacher", "td", "teacher"]
+    assert [c.model for c in default_columns(["sort2", "wordset"])] == ["sort2", "sort2", "sort2"]
+
+
+def test_build_app_refuses_columns_the_page_cannot_run():
+    with pytest.raises(
+        ValueError, match=r"column 3, sort \(threshold=0.9\): model 'sort' is not one of this page"
+    ):
+        build_app({"sort2": SORT2}, ["sort2", "sort2", "sort:threshold=0.9"], allow_paths=False)
+    with pytest.raises(ValueError, match="block_length=8 is not a multiple of tokens_per_step=3"):
+        build_app({"sort2": SORT2}, [ColumnSpec("sort2", tokens_per_step=3)])
 
 
 def test_playground_command_binds_locally_and_checks_models_first(monkeypatch, capsys):
@@ -121,6 +185,13 @@ def test_playground_command_binds_locally_and_checks_models_first(monkeypatch, c
     launched.clear()
     for argv, message in [
         (["--columns", "nomodel:tokens_per_step=1"], "model 'nomodel': no such folder"),
+        (["--columns", "sort2:cache=bogus"], "cache must be one of ('none', 'prefix', 'dual'), got 'bogus'"),
+        (["--columns", "sort2:threshold=2"], "threshold must be in (0, 1], got 2.0"),
+        (
+            ["--columns", "sort2:tokens_per_step=3"],
+            "column 1, sort2 (tokens_per_step=3): block_length=8 is not a multiple of tokens_per_step=3",
+        ),
+        (["--columns", "wordsort:cache=prefix"], "block-causal models decode with their exact block cache"),
         (
             ["--trajectories", "/no/such/trajectories"],
             "trajectories: '/no/such/trajectories' is no file or folder",
@@ -130,6 +201,11 @@ def test_playground_command_binds_locally_and_checks_models_first(monkeypatch, c
         assert main(["playground", *argv]) == 2
         assert message in capsys.readouterr().err
     assert launched == {}
+    # The default columns show a student of --models too.
+    apps = []
+    monkeypatch.setattr(gradio.Blocks, "launch", lambda self, **kwargs: apps.append(self))
+    assert main(["playground", "--models", f"teacher={SORT2}", f"t3d={SORT2}"]) == 0
+    assert _column_models(apps[0]) == ["teacher", "t3d", "teacher"]
 
 
 def test_replay_tab_animates_a_stored_trajectory(tmp_path, tokenizer):
@@ -301,5 +377,8 @@ def test_space_entry_point_builds_the_page_from_its_variables(monkeypatch):
     app = Path(__file__).parent.parent / "examples" / "space_app.py"
     demo = runpy.run_path(str(app))["demo"]
     assert isinstance(demo, gradio.Blocks)
-    dropdowns = [block for block in demo.blocks.values() if getattr(block, "elem_id", None) == "t3d-model-1"]
-    assert dropdowns[0].value == "teacher"
+    assert _column_models(demo) == ["teacher", "teacher", "(off)"]
+    # A column naming a model the Space does not offer is refused at start-up, not at every Run.
+    monkeypatch.setenv("T3D_TRL_COLUMNS", "teacher:tokens_per_step=1 sort:threshold=0.9")
+    with pytest.raises(ValueError, match="column 2, sort \\(threshold=0.9\\): model 'sort' is not one of"):
+        runpy.run_path(str(app))

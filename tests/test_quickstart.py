@@ -39,6 +39,13 @@ def test_quickstart_help_documents_every_option(capsys):
         assert f"--{name}" in text, name
 
 
+def test_fast_shrinks_only_the_budgets_left_at_their_defaults():
+    fast = QuickstartConfig(fast=True, distill_steps=12)
+    assert fast.distill_steps == 12  # given explicitly: kept (it was cut to 4 silently)
+    assert (fast.num_trajectories, fast.num_eval, fast.teacher_steps) == (256, 64, 20)
+    assert QuickstartConfig(fast=True).distill_steps == 4
+
+
 def test_quickstart_rejects_unknown_methods_and_budgets_before_any_work():
     with pytest.raises(ValueError, match=r"unknown methods \['sft'\]"):
         QuickstartConfig(methods=["t3d", "sft"])

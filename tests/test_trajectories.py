@@ -211,6 +211,17 @@ def test_a_split_a_single_dataset_does_not_have_is_refused(tmp_path, tokenizer, 
         load_trajectories(str(tmp_path), split="test")  # it would silently be the same rows
 
 
+def test_prompts_the_tokenizer_cannot_read_are_refused(tmp_path, tokenizer, bidirectional_model):
+    """Another model's tokenizer (or another task's teacher) reads most of the data as the unknown token; the
+    teacher would decode from nothing and the collection would report success."""
+    foreign = [{"id": str(i), "problem": "ßøñé" * 2} for i in range(4)]  # outside the character vocabulary
+    with pytest.raises(ValueError, match=r"32 of the prompts' 108 tokens are the unknown token '\[UNK\]'"):
+        collect(bidirectional_model, tokenizer, tmp_path / "foreign", rows=foreign)
+    assert not (tmp_path / "foreign" / "shards").exists()  # refused before anything was decoded
+    mixed = [{"id": "0", "problem": "café au lait"}]  # an unknown character among known ones is decoded
+    assert len(collect(bidirectional_model, tokenizer, tmp_path / "mixed", rows=mixed)) == 1
+
+
 def test_an_output_dir_holding_another_dataset_is_refused(tmp_path, tokenizer, bidirectional_model):
     # Collecting into the source's own folder (or any saved dataset) would overwrite it.
     source = tmp_path / "source"

@@ -150,7 +150,8 @@ def run(config: CollectConfig) -> datasets.Dataset:
     import torch
 
     from ..data.hub import push_trajectories_to_hub
-    from ..data.trajectories import _process_group, collect_trajectories, collection_summary
+    from ..data.processes import process_group
+    from ..data.trajectories import collect_trajectories, collection_summary
     from ..models.auto import check_model_source
 
     check_dataset_source(config.dataset_name)  # one line instead of datasets' Hub traceback
@@ -182,7 +183,7 @@ def run(config: CollectConfig) -> datasets.Dataset:
         teacher_revision=config.model_revision,
         model_kwargs=model_kwargs,
     )
-    if _process_group()[0] == 0:  # one line, not one per process
+    if process_group()[0] == 0:  # one line, not one per process
         print(collection_summary(config.output_dir))  # first: it says why a push of 0 rows is refused
         if config.push_to_hub:
             print(push_trajectories_to_hub(dataset, config.hub_model_id, private=config.hub_private_repo))

@@ -168,12 +168,11 @@ def import_benchmark_module(name: str) -> None:
 
 def main(argv: list[str]) -> int:
     (config,) = parse_recipe([EvalConfig], argv, prog="t3d-trl eval", description=_DESCRIPTION)
+    from ..demo.benchmarks import register_demo_benchmarks
+
+    register_demo_benchmarks()  # demo-<task>: generated, offline; registered first so that a miss lists them too
     for module in config.benchmark_modules:
         import_benchmark_module(module)
-    if any(name.lower().startswith("demo") for name in config.benchmarks):  # demo-<task>: generated, offline
-        from ..demo.benchmarks import register_demo_benchmarks
-
-        register_demo_benchmarks()
     from ..evaluation.report import accuracy_table
     from ..evaluation.runner import run_grid
 

@@ -60,7 +60,7 @@ def _usage() -> str:
     lines += [
         "",
         "Run `t3d-trl <command> --help` for the options of a command. Errors on bad input print one line;",
-        f"--debug (or {DEBUG_ENV}=1) prints their traceback too.",
+        f"--debug (or {DEBUG_ENV}=1) prints their traceback too; t3d-trl --version prints the version.",
     ]
     return "\n".join(lines)
 
@@ -77,6 +77,11 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
         return 0 if argv else 2
+    if argv[0] == "--version":
+        from .. import __version__
+
+        print(f"t3d-trl {__version__}")
+        return 0
     command, rest = argv[0], snake_case_flags(argv[1:])
     if command not in COMMANDS:
         print(f"t3d-trl: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)

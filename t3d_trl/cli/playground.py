@@ -6,9 +6,11 @@
         --columns teacher:tokens_per_step=1 t3d:tokens_per_step=4 teacher:threshold=0.9
 
 Up to three columns, each a model and its decoding settings (``NAME[:key=value,...]``, keys:
-tokens_per_step, threshold, block_length, max_new_tokens, cache, temperature), all editable in the page. Serves
-on 127.0.0.1 unless ``--host`` says otherwise; ``--share`` (a public Gradio link) is off unless given. Needs the
-``playground`` extra: ``pip install "t3d-trl[playground]"``. This is :func:`t3d_trl.playground.build_app`.
+tokens_per_step, threshold, block_length, max_new_tokens, cache, temperature; threshold=0 is static decoding and
+temperature=0 greedy, whatever the model saved), all editable in the page. The columns' models load before the
+page is served, and settings a column's model refuses are named then. Serves on 127.0.0.1 unless ``--host``
+says otherwise; ``--share`` (a public Gradio link) is off unless given. Needs the ``playground`` extra:
+``pip install "t3d-trl[playground]"``. This is :func:`t3d_trl.playground.build_app`.
 """
 
 from __future__ import annotations
@@ -73,7 +75,8 @@ def main(argv: list[str]) -> int:
     for path in models.values():
         check_model_source(path)
     columns = [ColumnSpec.parse(text) for text in args.columns]
-    # Everything the page would fail on later is checked before it is served.
+    # Everything the page would fail on later is checked before it is served: here what needs no loading,
+    # in build_app each column's settings against its model.
     for column in columns:
         if column.model not in models:  # a column may name a folder or Hub id of its own
             check_model_source(column.model)

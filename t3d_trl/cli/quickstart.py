@@ -27,7 +27,7 @@ def main(argv: list[str]) -> int:
     if config.fast:
         print(
             f"--fast is a smoke run of every stage, not a distillation: {config.distill_steps} training steps do not "
-            "train the students, which score below the teacher at few-step budgets. The default run (400 steps) "
+            "train the students, which may score below the teacher at few-step budgets. The default run (400 steps) "
             "is the one that improves them (docs/quickstart.md)."
         )
     print()

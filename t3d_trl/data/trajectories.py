@@ -47,6 +47,7 @@ from ..generation.memory import auto_batch_size, peak_memory_gb, reset_peak_memo
 from ..generation.sampler import eos_token_ids, left_pad
 from ..utils import check_process_count
 from ..version import __version__
+from .processes import process_group, smallest_over_processes
 from .prompts import PromptRow, build_prompts, drop_long_prompts
 from .schema import TrajectoryMetadata
 from .shards import (
@@ -127,33 +128,6 @@ def _generate_batch(
     return rows
 
 
-def _process_group() -> tuple[int, int, Any]:
-    """``(rank, world_size, barrier)`` from torch.distributed, joining the launcher's group if needed."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()) and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        # Under `accelerate launch` / `torchrun`: join the launcher's group (env:// rendezvous). Done here
-        # rather than through accelerate's PartialState, a process-wide singleton that may already hold a
-        # one-process state (a forked worker inherits it).
-        dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
-        if torch.cuda.is_available():
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size(), dist.barrier
-    return 0, 1, lambda: None
-
-
-def _smallest_over_processes(value: int) -> int:
-    """The smallest of every process's ``value`` (``value`` itself without a process group)."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return value
-    values: list[int | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(values, value)
-    return min(values)
-
-
 def _resolve_model(
     model: Any, tokenizer: Any, revision: str | None, model_kwargs: Mapping[str, Any]
 ) -> tuple[Any, Any]:
@@ -203,6 +177,19 @@ def _check_teacher(model: Any, tokenizer: Any) -> int:
     return vocab
 
 
+def _check_known_tokens(prompts: Sequence[PromptRow], tokenizer: Any) -> None:
+    """Refuse prompts the tokenizer mostly cannot read: another model's tokenizer, or the teacher of another task,
+    turns them into unknown tokens, and the teacher would decode from nothing."""
+    unknown_id = getattr(tokenizer, "unk_token_id", None)
+    ids = [i for p in prompts for i in p.prompt_ids]
+    unknown = sum(i == unknown_id for i in ids) if unknown_id is not None else 0
+    if unknown * 4 > len(ids):  # a quarter: a chat template's own tokens are known whatever the data
+        raise ValueError(
+            f"{unknown} of the prompts' {len(ids)} tokens are the unknown token {tokenizer.unk_token!r}: the "
+            "tokenizer cannot read this data; is it the teacher's own, and the data the teacher's task?"
+        )
+
+
 @dataclass
 class _PromptOptions:
     """How :func:`collect_trajectories` turns source rows into prompts (see its arguments)."""
@@ -229,6 +216,7 @@ class _PromptOptions:
             use_chat_template=self.use_chat_template,
             keep_columns=self.keep_columns,
         )
+        _check_known_tokens(prompts, tokenizer)
         prompts, dropped = drop_long_prompts(
             prompts, self.max_prompt_length, max_positions(model), max_new_tokens
         )
@@ -449,15 +437,26 @@ class _BatchRun:
     def merge(
         self,
         batches: Sequence[Sequence[PromptRow]],
-        source_features: datasets.Features,
-        num_source: int,
+        source: datasets.Dataset,
         dropped: dict[str, int],
-        **filters: Any,
+        filter_unfinished: bool,
+        gold_column: str | None,
+        answer_checker: Callable[[str, str], bool] | None,
     ):
-        """Merge every shard into the dataset of ``output_dir`` (main process) and record the counts."""
-        merged, filtered = merge_shards(self.output_dir, batches, source_features, self.metadata, **filters)
+        """Merge every shard, with the source columns the prompts carry, into the dataset of ``output_dir`` (main
+        process), apply the filters and record the counts."""
+        features = datasets.Features({c: source.features[c] for c in batches[0][0].extra})
+        merged, filtered = merge_shards(
+            self.output_dir,
+            batches,
+            features,
+            self.metadata,
+            filter_unfinished=filter_unfinished,
+            gold_column=gold_column,
+            answer_checker=answer_checker,
+        )
         save_dataset(merged, self.output_dir)
-        summary = {"prompts": num_source, "rows": len(merged), "dropped": {**dropped, **filtered}}
+        summary = {"prompts": len(source), "rows": len(merged), "dropped": {**dropped, **filtered}}
         if self.peak_memory_gb is not None:
             summary["peak_memory_gb"] = round(self.peak_memory_gb, 2)
         write_summary(self.output_dir, summary)
@@ -475,7 +474,7 @@ def collection_batch_size(
         logger.info("batch size %d (the collection's own, resuming)", saved)
         return saved
     longest = max(len(p.prompt_ids) for p in prompts)
-    batch_size = _smallest_over_processes(auto_batch_size(model, config, longest))
+    batch_size = smallest_over_processes(auto_batch_size(model, config, longest))
     logger.info("batch size %d (from free accelerator memory)", batch_size)
     return batch_size
 
@@ -563,7 +562,7 @@ def collect_trajectories(
     config = DiffusionGenerationConfig.parse(generation_config) or model.diffusion_generation_config
     config, metadata = _teacher_settings(model, tokenizer, config, vocab, seed, options, teacher_revision)
     prompts, dropped = options.build(dataset, tokenizer, model, config.max_new_tokens)
-    rank, world_size, barrier = _process_group()
+    rank, world_size, barrier = process_group()
     check_process_count(world_size, "collection", "each process would decode every prompt")
     if batch_size is None:
         batch_size = collection_batch_size(model, config, prompts, output_dir)
@@ -576,10 +575,6 @@ def collect_trajectories(
     )
     barrier()
     if rank == 0:
-        filters = dict(
-            filter_unfinished=filter_unfinished, gold_column=gold_column, answer_checker=answer_checker
-        )
-        source_features = datasets.Features({c: dataset.features[c] for c in prompts[0].extra})
-        run.merge(batches, source_features, len(dataset), dropped, **filters)
+        run.merge(batches, dataset, dropped, filter_unfinished, gold_column, answer_checker)
     barrier()
     return datasets.load_from_disk(str(output_dir))

@@ -296,7 +296,8 @@ def get_benchmark(name: str | Benchmark) -> Benchmark:
     benchmark = BENCHMARKS.get(_key(name))
     if benchmark is None:
         raise MissingKeyError(
-            f"unknown benchmark {name!r}; registered: {list_benchmarks()} (your own: --benchmark_modules)"
+            f"unknown benchmark {name!r}; registered: {[b.name for b in BENCHMARKS.values()]} (any case, '-' and "
+            "'_' optional; your own: --benchmark_modules)"
         )
     return benchmark
 

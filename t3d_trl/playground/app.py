@@ -16,13 +16,16 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..generation.configuration import CACHES
 from .render import error_html
 from .session import (
     INPUT_ERRORS,
     MAX_COLUMNS,
+    SETTINGS,
     ColumnSpec,
     ColumnView,
     ModelRegistry,
+    check_columns,
     default_columns,
     default_models,
     replay_frames,
@@ -30,51 +33,38 @@ from .session import (
 )
 
 OFF = "(off)"
-CACHE_CHOICES = ["(saved)", "none", "prefix", "dual"]
-#: Page inputs of one column, in order.
-COLUMN_FIELDS = (
-    "model",
-    "tokens_per_step",
-    "threshold",
-    "block_length",
-    "max_new_tokens",
-    "cache",
-    "temperature",
-)
+SAVED = "(saved)"
+CACHE_CHOICES = [SAVED, *CACHES]
+#: Page inputs of one column, in order: the model, then its settings.
+COLUMN_FIELDS = ("model", *SETTINGS)
 _INTRO = (
     "### t3d-trl playground\n"
-    "Each column decodes the prompt with a model and its decoding settings (0: the model's saved ones). "
-    "Masked positions show as ░; every token sits on the colour of the forward pass that committed it (hover "
-    "for the step), the latest pass's tokens outlined. NFE counts forward passes."
+    "Each column decodes the prompt with a model and its decoding settings (empty: the model's saved ones; "
+    "threshold 0 is static decoding, temperature 0 greedy). Masked positions show as ░; every token sits on "
+    "the colour of the forward pass that committed it (hover for the step), the latest pass's tokens outlined. "
+    "NFE counts forward passes."
 )
 
 
-def _positive(value: Any, kind: type) -> Any:
-    """A page number as a setting: empty or 0 leave it to the model (Gradio sends an empty number as 0)."""
-    return kind(value) if value not in (None, "") and value > 0 else None
+def column_spec(values: Sequence[Any]) -> ColumnSpec | None:
+    """One column's page inputs (``COLUMN_FIELDS``) as its spec, ``None`` when it is off; ``ValueError`` for a
+    setting that is not a number or that decoding refuses."""
+    model, *settings = values
+    if not model or model == OFF:
+        return None
+    settings = [None if value == SAVED else value for value in settings]
+    return ColumnSpec.from_settings(str(model), dict(zip(SETTINGS, settings)))
 
 
-def column_specs(values: Sequence[Any]) -> list[ColumnSpec | None]:
-    """The page's column inputs (``COLUMN_FIELDS`` per column) as specs; ``None`` for a column that is off."""
-    width = len(COLUMN_FIELDS)
-    specs: list[ColumnSpec | None] = []
-    for i in range(0, len(values), width):
-        model, tokps, threshold, block, new_tokens, cache, temperature = values[i : i + width]
-        if not model or model == OFF:
-            specs.append(None)
-            continue
-        specs.append(
-            ColumnSpec(
-                model=str(model),
-                tokens_per_step=_positive(tokps, int),
-                threshold=_positive(threshold, float),
-                block_length=_positive(block, int),
-                max_new_tokens=_positive(new_tokens, int),
-                cache=None if cache in (None, "", CACHE_CHOICES[0]) else str(cache),
-                temperature=_positive(temperature, float),
-            )
-        )
-    return specs
+def _column(values: Sequence[Any]) -> tuple[ColumnSpec | None, ColumnView | None]:
+    """A column's spec and view; a refused setting shows in the view, and the column does not run."""
+    try:
+        spec = column_spec(values)
+    except ValueError as err:
+        view = ColumnView(str(values[0]))
+        view.fail(str(err))
+        return None, view
+    return spec, ColumnView(spec.label) if spec else None
 
 
 def decode_page(
@@ -92,16 +82,17 @@ def decode_page(
     a test knows which run it shows.
     """
     run = next(_RUNS)
-    specs = column_specs(values)
+    width = len(COLUMN_FIELDS)
+    columns = [_column(values[i : i + width]) for i in range(0, len(values), width)]
+    specs, views = [spec for spec, _ in columns], [view for _, view in columns]
     problem = None
     if not (prompt or "").strip():
         problem = "The prompt is empty: type a prompt, then Run."
-    elif not any(specs):
+    elif not any(views):
         problem = "Every column is off: choose a model in at least one column."
     if problem is not None:
-        yield _status(run, "error", error_html(problem)), [None] * len(specs)
+        yield _status(run, "error", error_html(problem)), [None] * len(views)
         return
-    views = [ColumnView(spec.label) if spec else None for spec in specs]
     htmls = [view.html() if view else _off() for view in views]
     yield _status(run, "running", "decoding&hellip;"), htmls
     events = run_columns(registry, prompt, specs, use_chat_template)
@@ -183,7 +174,10 @@ def build_app(
             teachers, plus the teacher and students of ``quickstart_dir``. Any other path or Hub id can be
             typed into a column's model box.
         columns: up to three :class:`ColumnSpec` (or ``NAME[:key=value,...]`` strings); default: the teacher at
-            TokPS 1, a student (or the teacher) at TokPS 4 and the teacher at threshold 0.9.
+            TokPS 1, a student (or the teacher) at TokPS 4 and the teacher at threshold 0.9. Their models load
+            here, and a column whose model the page does not offer or whose settings its model refuses raises
+            ``ValueError`` (see :func:`~t3d_trl.playground.session.check_columns`); other models load on first
+            use.
         quickstart_dir: output folder of a finished ``t3d-trl quickstart`` run.
         trajectories: the replay tab's dataset (default: the quickstart run's trajectories, when given).
         dtype, device: how models load (see :func:`t3d_trl.evaluation.runner.load_model`).
@@ -197,9 +191,10 @@ def build_app(
         models if models is not None else default_models(quickstart_dir), dtype, device, allow_paths
     )
     specs = [ColumnSpec.parse(c) if isinstance(c, str) else c for c in columns or []]
-    specs = specs or default_columns(registry.names, quickstart=quickstart_dir is not None)
+    specs = specs or default_columns(registry.names)
     if len(specs) > MAX_COLUMNS:
         raise ValueError(f"the playground has at most {MAX_COLUMNS} columns, got {len(specs)}")
+    check_columns(registry, specs)  # else every Run would fail on them
     if (
         trajectories is None
         and quickstart_dir is not None
@@ -259,14 +254,20 @@ def _column_inputs(gr: Any, index: int, spec: ColumnSpec, registry: ModelRegistr
         elem_id=f"t3d-model-{index}",
     )
     view = gr.HTML(elem_id=f"t3d-view-{index}")
-    with gr.Accordion("decoding settings (0: the model's saved setting)", open=True):
+
+    def setting(name: str, label: str) -> Any:
+        # Text, not gr.Number: a number box cannot be empty (the browser shows and sends 0), and 0 is a setting.
+        value = getattr(spec, name)
+        return gr.Textbox("" if value is None else str(value), label=label, placeholder="saved", max_lines=1)
+
+    with gr.Accordion("decoding settings (empty: the model's saved setting)", open=True):
         with gr.Row():
-            tokps = gr.Number(value=spec.tokens_per_step, precision=0, label="tokens per step")
-            threshold = gr.Number(value=spec.threshold, label="threshold (0: static)")
+            tokps = setting("tokens_per_step", "tokens per step")
+            threshold = setting("threshold", "threshold (0: static)")
         with gr.Row():
-            block = gr.Number(value=spec.block_length, precision=0, label="block length")
-            new_tokens = gr.Number(value=spec.max_new_tokens, precision=0, label="max new tokens")
+            block = setting("block_length", "block length")
+            new_tokens = setting("max_new_tokens", "max new tokens")
         with gr.Row():
-            cache = gr.Dropdown(CACHE_CHOICES, value=spec.cache or CACHE_CHOICES[0], label="cache")
-            temperature = gr.Number(value=spec.temperature, label="temperature")
+            cache = gr.Dropdown(CACHE_CHOICES, value=spec.cache or SAVED, label="cache")
+            temperature = setting("temperature", "temperature (0: greedy)")
     return [model, tokps, threshold, block, new_tokens, cache, temperature], view

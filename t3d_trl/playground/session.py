@@ -5,7 +5,8 @@ one prompt per column through a step streamer, and the replay of a stored trajec
   loaded on first use with :func:`t3d_trl.evaluation.runner.load_model`; a path typed in the page loads too.
 * :func:`default_models`: the packaged teachers, and the teacher and students of a finished ``t3d-trl
   quickstart`` run.
-* :class:`ColumnSpec`: one column, a model and its decoding settings (``teacher:tokens_per_step=4``).
+* :class:`ColumnSpec`: one column, a model and its decoding settings (``teacher:tokens_per_step=4``);
+  :func:`check_columns` checks each against its model before the page is served.
 * :func:`run_columns`: decodes the prompt column after column in a background thread and queues every
   forward pass; :class:`ColumnView` turns them into the column's HTML.
 * :func:`replay_view`: one row of a trajectory dataset as the frames of the same animation.
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 
 from ..demo.quickstart import METHODS, PACKAGED_TEACHERS
+from ..diffusion.forward import accepts_4d_mask
 from ..generation.configuration import DiffusionGenerationConfig
 from ..generation.streamers import DiffusionStep, DiffusionStreamer, token_pieces, token_separator
 from .render import CanvasState, canvas_html, column_html, error_html, stats_html, text_html
@@ -100,15 +102,20 @@ class ModelRegistry:
     def names(self) -> list[str]:
         return list(self.sources)
 
-    def get(self, name: str) -> tuple[Any, Any]:
-        """``(model, tokenizer)`` of a registered name, or of a path / Hub id."""
-        from ..evaluation.runner import load_model
-
+    def check(self, name: str) -> str:
+        """``name`` stripped, or the ``ValueError`` of a name this registry does not load."""
         name = name.strip()
         if not name:
             raise ValueError("no model chosen")
         if name not in self.sources and not self.allow_paths:
             raise ValueError(f"model {name!r} is not one of this page's models ({', '.join(self.sources)})")
+        return name
+
+    def get(self, name: str) -> tuple[Any, Any]:
+        """``(model, tokenizer)`` of a registered name, or of a path / Hub id."""
+        from ..evaluation.runner import load_model
+
+        name = self.check(name)
         with self._lock:
             if name not in self._loaded:
                 self._loaded[name] = load_model(self.sources.get(name, name), self.dtype, self.device)
@@ -121,7 +128,10 @@ class ColumnSpec:
     """One column of the page: a model and its decoding settings (``None``: the model's saved setting).
 
     Written on the command line as ``NAME[:key=value,...]``, e.g. ``teacher:tokens_per_step=1`` or
-    ``t3d:tokens_per_step=4,block_length=8``; the keys are the fields below.
+    ``t3d:tokens_per_step=4,block_length=8``; the keys are the fields below. ``threshold=0`` is static decoding
+    and ``temperature=0`` greedy decoding, whatever the model saved. The settings are checked as
+    :class:`DiffusionGenerationConfig` checks them (``ValueError``); what depends on the model is checked
+    against it by :func:`check_columns`.
     """
 
     model: str
@@ -132,51 +142,106 @@ class ColumnSpec:
     cache: str | None = None
     temperature: float | None = None
 
+    def __post_init__(self) -> None:
+        # The config's own checks over its class defaults: a negative count, a threshold above 1, a cache
+        # that does not exist are refused when the column is written, not at every Run.
+        DiffusionGenerationConfig().update(**self.overrides())
+
     @classmethod
     def parse(cls, text: str) -> ColumnSpec:
         name, _, settings = text.partition(":")
         if not name.strip():
             raise ValueError(f"column {text!r}: give a model name first (NAME[:key=value,...])")
-        kinds = {f.name: f.type for f in fields(cls) if f.name != "model"}
-        values: dict[str, Any] = {}
+        values: dict[str, str] = {}
         for item in filter(None, (part.strip() for part in settings.split(","))):
             key, sep, value = item.partition("=")
-            if not sep or key not in kinds:
-                raise ValueError(f"column {text!r}: {item!r} is not key=value with a key in {sorted(kinds)}")
-            kind = int if "int" in kinds[key] else float if "float" in kinds[key] else str
-            try:
-                values[key] = kind(value)
-            except ValueError as err:
-                raise ValueError(f"column {text!r}: {key} must be {kind.__name__}, got {value!r}") from err
-        return cls(model=name.strip(), **values)
+            if not sep or key not in SETTINGS or not value.strip():
+                raise ValueError(
+                    f"column {text!r}: {item!r} is not key=value with a key in {sorted(SETTINGS)}"
+                )
+            if key in values:
+                raise ValueError(f"column {text!r}: {key} is given twice")
+            values[key] = value
+        try:
+            return cls.from_settings(name.strip(), values)
+        except ValueError as err:
+            raise ValueError(f"column {text!r}: {err}") from err
+
+    @classmethod
+    def from_settings(cls, model: str, settings: Mapping[str, Any]) -> ColumnSpec:
+        """A column from raw values (text or numbers, as typed on the command line or in the page); ``None`` or
+        an empty text leaves a setting to the model."""
+        values: dict[str, Any] = {}
+        for key, value in settings.items():
+            text = "" if value is None else str(value).strip()
+            if text:
+                kind = SETTINGS[key]
+                try:
+                    values[key] = kind(text)
+                except ValueError as err:
+                    raise ValueError(f"{key} must be {kind.__name__}, got {text!r}") from err
+        return cls(model=model, **values)
 
     def overrides(self) -> dict[str, Any]:
         """The ``DiffusionGenerationConfig`` fields this column sets."""
-        return {
-            f.name: getattr(self, f.name)
-            for f in fields(self)
-            if f.name != "model" and getattr(self, f.name) is not None
-        }
+        values = {name: getattr(self, name) for name in SETTINGS if getattr(self, name) is not None}
+        if values.get("threshold") == 0:  # static decoding: no threshold, whatever the model saved
+            values["threshold"] = None
+        return values
 
     @property
     def label(self) -> str:
-        settings = ", ".join(f"{key}={value}" for key, value in self.overrides().items())
+        settings = ", ".join(
+            f"{name}={getattr(self, name)}" for name in SETTINGS if getattr(self, name) is not None
+        )
         return f"{self.model} ({settings})" if settings else self.model
 
 
-def default_columns(models: Sequence[str], quickstart: bool = False) -> list[ColumnSpec]:
+#: The settings of a column and the type of each: the fields of :class:`ColumnSpec` after ``model``.
+SETTINGS: dict[str, type] = {
+    f.name: int if "int" in f.type else float if "float" in f.type else str
+    for f in fields(ColumnSpec)
+    if f.name != "model"
+}
+
+
+def default_columns(models: Sequence[str]) -> list[ColumnSpec]:
     """The page's first columns: the teacher at one token per step, a student (or the same model) at 4, and the
-    teacher with threshold 0.9 (the quickstart's budgets)."""
+    teacher with threshold 0.9 (the quickstart's budgets). The teacher is the model named ``teacher`` (else the
+    first), the student the first of the quickstart's methods (``t3d``, ``td``, ...) among ``models``."""
     if not models:
         return []
-    teacher = "teacher" if quickstart and "teacher" in models else models[0]
-    students = [name for name in METHODS if quickstart and name in models]  # t3d first
-    student = students[0] if students else teacher
+    teacher = "teacher" if "teacher" in models else models[0]
+    student = next((name for name in METHODS if name in models), teacher)
     return [
         ColumnSpec(teacher, tokens_per_step=1),
         ColumnSpec(student, tokens_per_step=4),
         ColumnSpec(teacher, tokens_per_step=1, threshold=0.9),
     ]
+
+
+def check_columns(registry: ModelRegistry, specs: Sequence[ColumnSpec]) -> None:
+    """Refuse, naming the column, a model the page cannot offer and settings a column's model cannot decode
+    with (the block arithmetic, a cache of the wrong kind). Loads the columns' models, once every name is known
+    to be offered: before the page is served, not at every Run."""
+
+    def refuse(index: int, spec: ColumnSpec, err: ValueError) -> ValueError:
+        return ValueError(f"column {index + 1}, {spec.label}: {err}")
+
+    for index, spec in enumerate(specs):
+        try:
+            registry.check(spec.model)
+        except ValueError as err:
+            raise refuse(index, spec, err) from err
+    for index, spec in enumerate(specs):
+        model, _ = registry.get(spec.model)
+        diffusion = model.diffusion_config
+        try:
+            config = generation_config(model, spec)
+            config.resolve(diffusion.block_size if diffusion.is_block_causal else None)
+            config.check_model(diffusion.is_block_causal, accepts_4d_mask(model))
+        except ValueError as err:
+            raise refuse(index, spec, err) from err
 
 
 # ------------------------------------------------------------------------------------------------ live runs
