@@ -945,6 +945,9 @@ def parse_args() -> argparse.Namespace:
             num_eval=8,
         )
         args = parser.parse_args()
+        given = [flag for flag in ("teacher", "output_dir") if getattr(args, flag) is not None]
+        if given:  # --quick trains its own tiny teacher in a temporary folder: these would be ignored
+            parser.error(f"--quick trains its own teacher in a temporary folder; drop --{given[0]}")
     try:  # a file that cannot be read is a usage error: one line, exit status 2
         args.protocol = task_protocol(args.task, args.tuning_file)
     except (OSError, ValueError) as error:

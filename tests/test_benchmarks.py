@@ -348,6 +348,7 @@ def test_benchmark_script_runs_quick_and_ends_with_one_json_line(script):
     [
         # --quick sets defaults only: a flag given with it wins, and is checked like any other.
         ("bench_collect", ["--reps", "0"], "--reps, --prompts and --threads must be >= 1"),
+        ("bench_method_study", ["--teacher", "t"], "--quick trains its own teacher in a temporary folder"),
         ("bench_total_correlation", ["--reps", "0"], "--rows, --samples, --reps and --threads must be >= 1"),
         (
             "bench_train",

@@ -382,3 +382,8 @@ def test_space_entry_point_builds_the_page_from_its_variables(monkeypatch):
     monkeypatch.setenv("T3D_TRL_COLUMNS", "teacher:tokens_per_step=1 sort:threshold=0.9")
     with pytest.raises(ValueError, match="column 2, sort \\(threshold=0.9\\): model 'sort' is not one of"):
         runpy.run_path(str(app))
+    # So is a replay dataset that is neither a folder nor a dataset id (it used to fail only in the replay tab).
+    monkeypatch.setenv("T3D_TRL_COLUMNS", "teacher:tokens_per_step=1")
+    monkeypatch.setenv("T3D_TRL_TRAJECTORIES", "./no/such/trajectories")
+    with pytest.raises(FileNotFoundError, match="T3D_TRL_TRAJECTORIES"):
+        runpy.run_path(str(app))

@@ -205,6 +205,19 @@ def test_argument_errors_and_greedy_sampling_warning(tokenizer, benchmark_files,
     assert result.metrics["pass@2"] == 0.5
 
 
+def test_prompts_the_tokenizer_cannot_read_are_refused_before_decoding(tokenizer):
+    """A model of another task (its tokenizer reads the benchmark as unknown tokens) would be scored on
+    nothing: refused in one line, as collection refuses it."""
+    model = build_block_causal_model(tokenizer)
+    config = DiffusionGenerationConfig(max_new_tokens=8, block_length=4)
+    with pytest.raises(ValueError, match=r"16 of the prompts' 16 tokens are the unknown token '\[UNK\]'"):
+        generate_completions(model, tokenizer, ["ßøñé" * 2] * 2, config, use_chat_template=False)
+    out = generate_completions(
+        model, tokenizer, ["café au lait"], config, use_chat_template=False, progress=False
+    )
+    assert len(out.completions) == 1  # one unknown character among known ones decodes
+
+
 def test_real_tiny_model_matches_direct_generation(tokenizer, benchmark_files):
     model = build_block_causal_model(tokenizer, max_position_embeddings=1024)
     config = DiffusionGenerationConfig(max_new_tokens=8, block_length=4, tokens_per_step=2)

@@ -121,6 +121,22 @@ def encode_prompts(
     return texts, ids
 
 
+def check_known_tokens(prompt_ids: Sequence[Sequence[int]], tokenizer: Any) -> None:
+    """Refuse prompts the tokenizer mostly cannot read: another model's tokenizer, or a model of another task
+    (a word-level demo tokenizer), turns them into unknown tokens, and the model would decode from nothing.
+
+    A quarter of unknown tokens is the limit: a chat template's own tokens are known whatever the data.
+    """
+    unknown_id = getattr(tokenizer, "unk_token_id", None)
+    total = sum(len(ids) for ids in prompt_ids)
+    unknown = sum(i == unknown_id for ids in prompt_ids for i in ids) if unknown_id is not None else 0
+    if unknown * 4 > total:
+        raise ValueError(
+            f"{unknown} of the prompts' {total} tokens are the unknown token {tokenizer.unk_token!r}: the "
+            "tokenizer cannot read this data; is it the model's own, and the data the model's task?"
+        )
+
+
 def build_prompts(
     dataset: datasets.Dataset,
     tokenizer: Any,

@@ -48,7 +48,7 @@ from ..generation.sampler import eos_token_ids, left_pad
 from ..utils import check_process_count
 from ..version import __version__
 from .processes import process_group, smallest_over_processes
-from .prompts import PromptRow, build_prompts, drop_long_prompts
+from .prompts import PromptRow, build_prompts, check_known_tokens, drop_long_prompts
 from .schema import TrajectoryMetadata
 from .shards import (
     SHARD_DIR,
@@ -177,19 +177,6 @@ def _check_teacher(model: Any, tokenizer: Any) -> int:
     return vocab
 
 
-def _check_known_tokens(prompts: Sequence[PromptRow], tokenizer: Any) -> None:
-    """Refuse prompts the tokenizer mostly cannot read: another model's tokenizer, or the teacher of another task,
-    turns them into unknown tokens, and the teacher would decode from nothing."""
-    unknown_id = getattr(tokenizer, "unk_token_id", None)
-    ids = [i for p in prompts for i in p.prompt_ids]
-    unknown = sum(i == unknown_id for i in ids) if unknown_id is not None else 0
-    if unknown * 4 > len(ids):  # a quarter: a chat template's own tokens are known whatever the data
-        raise ValueError(
-            f"{unknown} of the prompts' {len(ids)} tokens are the unknown token {tokenizer.unk_token!r}: the "
-            "tokenizer cannot read this data; is it the teacher's own, and the data the teacher's task?"
-        )
-
-
 @dataclass
 class _PromptOptions:
     """How :func:`collect_trajectories` turns source rows into prompts (see its arguments)."""
@@ -216,7 +203,7 @@ class _PromptOptions:
             use_chat_template=self.use_chat_template,
             keep_columns=self.keep_columns,
         )
-        _check_known_tokens(prompts, tokenizer)
+        check_known_tokens([p.prompt_ids for p in prompts], tokenizer)
         prompts, dropped = drop_long_prompts(
             prompts, self.max_prompt_length, max_positions(model), max_new_tokens
         )

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from ..data.prompts import encode_prompts
+from ..data.prompts import check_known_tokens, encode_prompts
 from ..generation.configuration import DiffusionGenerationConfig
 from ..generation.memory import auto_batch_size, peak_memory_gb, reset_peak_memory
 from ..generation.sampler import eos_token_ids, left_pad
@@ -155,6 +155,7 @@ def generate_completions(
     eos = torch.tensor(eos_token_ids(model, config), dtype=torch.long, device=device)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else int(eos[0]) if len(eos) else 0
     prompts, ids = encode_prompts(tokenizer, messages, use_chat_template)
+    check_known_tokens(ids, tokenizer)
     n = len(prompts)
     completions, num_tokens, nfe, finished, latency = [""] * n, [0] * n, [0] * n, [False] * n, [0.0] * n
     order = sorted(range(n), key=lambda i: -len(ids[i]))
