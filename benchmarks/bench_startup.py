@@ -30,6 +30,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 TEACHER = REPO / "t3d_trl" / "demo" / "teachers" / "wordsort"
+PROMPT = "jade bear mint gust note kelp sand hint"  # a wordsort prompt: words its tokenizer knows
 
 
 def _cli() -> list[str]:
@@ -50,7 +51,7 @@ def commands() -> dict[str, list[str]]:
         "generate": [
             *cli,
             "generate",
-            *("--model", str(TEACHER), "--prompt", "pear fig apple", "--no_use_chat_template"),
+            *("--model", str(TEACHER), "--prompt", PROMPT, "--no_use_chat_template"),
             *("--max_new_tokens", "16", "--device", "cpu"),
         ],
     }
