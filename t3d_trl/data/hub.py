@@ -18,7 +18,7 @@ from huggingface_hub import DatasetCard, DatasetCardData
 
 from ..utils import load_data_folder
 from .schema import METADATA_KEY, TRAJECTORY_COLUMNS, TrajectoryMetadata, validate_trajectories
-from .shards import MANIFEST, SHARD_DIR, collection_summary
+from .shards import MANIFEST, SHARD_DIR, collection_summary, saved_dataset_file
 
 logger = logging.getLogger(__name__)
 
@@ -172,7 +172,7 @@ def _load_from_disk(folder: Path) -> datasets.Dataset | datasets.DatasetDict:
 
 def is_saved_dataset(path: Path) -> bool:
     """Whether ``path`` is a folder written by ``save_to_disk`` (a ``Dataset`` or a ``DatasetDict``)."""
-    return path.is_dir() and ((path / "state.json").exists() or (path / "dataset_dict.json").exists())
+    return saved_dataset_file(path) is not None
 
 
 def _empty(folder: Path) -> ValueError:

@@ -91,10 +91,14 @@ def _null_rows(column: Any) -> np.ndarray:
     return bad
 
 
-def _refuse_null_rows(dataset: datasets.Dataset, columns: list[str], name: str) -> None:
-    """Name the first row with a null value in ``columns``: it would fail inside a batch (tokenizer, collator)."""
-    table = dataset.select_columns(columns).with_format("arrow")[:]
-    for column in columns:
+def _arrow_columns(dataset: datasets.Dataset, columns: list[str]) -> Any:
+    return dataset.select_columns(columns).with_format("arrow")[:]
+
+
+def _refuse_null_rows(dataset: datasets.Dataset, table: Any, name: str) -> None:
+    """Name the first row of ``dataset`` with a null value in a column of ``table`` (its Arrow columns): it would
+    fail inside a batch (tokenizer, collator)."""
+    for column in table.column_names:
         _refuse_rows(dataset, _null_rows(table[column]), f"{name} dataset", f"{column} is or holds None")
 
 
@@ -116,7 +120,7 @@ def tokenize_text(
         return ids + [eos] if eos is not None and (not ids or ids[-1] != eos) else ids
 
     if {"prompt", "completion"} <= columns:
-        _refuse_null_rows(dataset, ["prompt", "completion"], name)
+        _refuse_null_rows(dataset, _arrow_columns(dataset, ["prompt", "completion"]), name)
 
         def tokenize(batch: dict[str, list]) -> dict[str, list]:
             _, prompt_ids = encode_prompts(tokenizer, batch["prompt"], use_chat_template=False)
@@ -124,7 +128,7 @@ def tokenize_text(
             return {"prompt_ids": prompt_ids, "completion_ids": [with_eos(ids) for ids in completions]}
 
     elif "text" in columns:
-        _refuse_null_rows(dataset, ["text"], name)
+        _refuse_null_rows(dataset, _arrow_columns(dataset, ["text"]), name)
 
         def tokenize(batch: dict[str, list]) -> dict[str, list]:
             texts = tokenizer(batch["text"])["input_ids"]
@@ -141,8 +145,7 @@ def tokenize_text(
 def _check_rows(dataset: datasets.Dataset, table: Any, name: str, needed: list[str], vocab_size: int) -> None:
     """Refuse rows with null values, a ``decode_step`` that does not fit the completion, token ids outside the
     vocabulary."""
-    for column in needed:
-        _refuse_rows(dataset, _null_rows(table[column]), f"{name} dataset", f"{column} is or holds None")
+    _refuse_null_rows(dataset, table, name)
     if "decode_step" in needed:
         lengths = pc.list_value_length(table["completion_ids"])
         bad = pc.not_equal(lengths, pc.list_value_length(table["decode_step"]))
@@ -240,7 +243,7 @@ def prepare_training_dataset(
         raise ValueError(
             f"loss_type={loss_type!r} needs column(s) {missing}{hint}; the {name} dataset has {sorted(columns)}"
         )
-    table = dataset.select_columns(needed).with_format("arrow")[:]
+    table = _arrow_columns(dataset, needed)
     _check_rows(dataset, table, name, needed, vocab_size)
     drop, counts = _rows_to_drop(table, max_prompt_length, max_completion_length, max_positions)
     if drop.any():

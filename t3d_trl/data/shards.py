@@ -106,12 +106,18 @@ def teacher_name(name: str) -> str:
     return os.path.abspath(name) if os.path.isdir(name) else name
 
 
+def saved_dataset_file(folder: Path) -> str | None:
+    """The file ``save_to_disk`` wrote into ``folder`` (``state.json``: a ``Dataset``; ``dataset_dict.json``: a
+    ``DatasetDict``), ``None`` when it holds neither."""
+    return next((name for name in ("state.json", "dataset_dict.json") if (folder / name).is_file()), None)
+
+
 def check_output_dir(output_dir: Path) -> None:
     """Refuse a folder holding a saved dataset that is not a collection: the merge would overwrite it."""
-    saved = [name for name in ("state.json", "dataset_dict.json") if (output_dir / name).is_file()]
+    saved = saved_dataset_file(output_dir)
     if saved and not (output_dir / MANIFEST).is_file():
         raise ValueError(
-            f"output_dir {output_dir} holds a saved dataset ({saved[0]}) that is not a trajectory collection (no "
+            f"output_dir {output_dir} holds a saved dataset ({saved}) that is not a trajectory collection (no "
             f"{MANIFEST}): the collection would overwrite it; use another output_dir"
         )
 

@@ -197,13 +197,14 @@ def _check_model(
             f"block-causal decoding needs a decoder that takes 4D masks; {type(model).__name__} does not"
         )
     config.check_model(diffusion.is_block_causal, is_decoder)
-    empty = (valid.sum(-1) == 0).nonzero().flatten().tolist()
-    if diffusion.shift_logits and empty:
+    lengths = valid.sum(-1)
+    if diffusion.shift_logits and not lengths.all():
+        empty = (lengths == 0).nonzero().flatten().tolist()
         raise ValueError(
             f"row(s) {empty} have an empty prompt: a shifted-logit model (Dream) predicts each token from the "
             "position before it, which the first generated token would not have; start the prompt with BOS"
         )
-    longest = int(valid.sum(-1).max())
+    longest = int(lengths.max())
     limit = max_positions(model)
     if limit is not None and longest + config.max_new_tokens > limit:
         raise ValueError(
