@@ -198,6 +198,7 @@ def compile_models(quick: bool) -> dict[str, torch.nn.Module]:
     return models
 
 
+COMPILE_GEN_LEN = 64  # new tokens of the 27M models in step 8 (decoded in --block blocks)
 COMPILE_MODES = {
     "block_causal": {"exact": dict(use_cache=True), "dynamic": dict(use_cache=True, threshold=0.9)},
     "bidirectional": {
@@ -220,7 +221,7 @@ def compile_comparison(args) -> tuple[dict, list[tuple[str, str, str]]]:
     for name, model in compile_models(args.quick).items():
         diffusion = model.diffusion_config
         tiny = name.startswith(("wordsort", "sort2"))
-        prompt_len, gen_len = (12, 8 if args.quick else 32) if tiny else (64, 64)
+        prompt_len, gen_len = (12, 8 if args.quick else 32) if tiny else (64, COMPILE_GEN_LEN)
         block = 4 if diffusion.is_block_causal or tiny else args.block
         modes = COMPILE_MODES["block_causal" if diffusion.is_block_causal else "bidirectional"]
         if args.quick:
@@ -366,11 +367,15 @@ def main() -> None:
         args = parser.parse_args()
     if min(args.reps, args.threads, args.prompt_len, args.accuracy_prompts) < 1:
         parser.error("--reps, --threads, --prompt-len and --accuracy-prompts must be >= 1")
-    if args.block < 4 or args.block % 4 or args.gen_len % args.block or args.approx_gen_len % args.block:
-        parser.error(
-            f"--block {args.block} must be a multiple of 4 that divides --gen-len ({args.gen_len}) and "
-            f"--approx-gen-len ({args.approx_gen_len})"
-        )
+    # --compile-only decodes COMPILE_GEN_LEN tokens of the 27M models; the other steps decode the two lengths.
+    lengths = (
+        {"the new tokens of --compile-only": COMPILE_GEN_LEN}
+        if args.compile_only
+        else {"--gen-len": args.gen_len, "--approx-gen-len": args.approx_gen_len}
+    )
+    if args.block < 4 or args.block % 4 or any(n % args.block for n in lengths.values()):
+        named = " and ".join(f"{flag} ({n})" for flag, n in lengths.items())
+        parser.error(f"--block {args.block} must be a multiple of 4 that divides {named}")
     if args.cache_gen_len < 4 or args.cache_gen_len % 4:
         parser.error(
             f"--cache-gen-len must be a positive multiple of 4 (blocks of 4), got {args.cache_gen_len}"

@@ -369,6 +369,11 @@ def test_benchmark_script_runs_quick_and_ends_with_one_json_line(script):
             ["--block", "6"],
             "--block 6 must be a multiple of 4 that divides --gen-len (32)",
         ),
+        (
+            "bench_generation",
+            ["--compile-only", "--block", "48"],
+            "--block 48 must be a multiple of 4 that divides the new tokens of --compile-only (64)",
+        ),
         ("bench_throughput", ["--device", "cuda"], "--device cuda: torch sees no CUDA device here"),
     ],
 )
