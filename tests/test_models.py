@@ -286,6 +286,34 @@ def test_adapter_loads_trainable_on_request(saved_adapter):
         AutoModelForDiffusionLM.from_pretrained(saved_adapter / "base", is_trainable=True)
 
 
+def test_an_adapter_saved_without_a_tokenizer_is_collected_from_and_trained_by_name(saved_adapter, tokenizer):
+    """peft saves no tokenizer: every loader by name (collection, the trainer, evaluation) takes the base model's."""
+    import datasets
+
+    from t3d_trl import DiffusionGenerationConfig, T3DConfig, T3DTrainer, collect_trajectories
+    from t3d_trl.models.auto import load_tokenizer
+
+    adapter = str(saved_adapter / "lora")
+    assert load_tokenizer(adapter).get_vocab() == tokenizer.get_vocab()
+    config = DiffusionGenerationConfig(max_new_tokens=4, block_length=4)
+    rows = collect_trajectories(
+        adapter,
+        None,
+        [{"problem": "ab"}],
+        "plain",
+        output_dir=str(saved_adapter / "traj"),
+        use_chat_template=False,
+        generation_config=config,
+    )
+    assert len(rows) == 1
+    args = T3DConfig(str(saved_adapter / "out"), use_cpu=True, report_to="none", loss_type="mdlm")
+    data = datasets.Dataset.from_list([{"prompt": "ab", "completion": "cd"}])
+    trainer = T3DTrainer(adapter, args, train_dataset=data)
+    assert trainer.processing_class.get_vocab() == tokenizer.get_vocab()
+    with pytest.raises(OSError):
+        load_tokenizer(str(saved_adapter / "missing"))
+
+
 _REMOTE_CONFIG = """from transformers import Qwen3Config
 
 

@@ -56,6 +56,8 @@ def test_quickstart_rejects_unknown_methods_and_budgets_before_any_work():
         QuickstartConfig(eval_tokens_per_step=[1, 3])
     with pytest.raises(ValueError, match=r"threshold must be in \(0, 1\], got 2"):
         QuickstartConfig(threshold=2.0)
+    with pytest.raises(ValueError, match="give a teacher or train_teacher, not both"):
+        QuickstartConfig(teacher="my-teacher", train_teacher=True)
 
 
 def test_collect_samples_trajectories_at_the_configured_temperature(tmp_path):

@@ -241,4 +241,8 @@ def test_generate_show_steps_draws_every_pass_then_the_totals(capsys):
     assert len(statuses) == expected.nfe[0] == 4 and lines[statuses[-1]] == "block 1 | step 4 | nfe 4"
     canvases = [lines[i - 1] for i in statuses]
     assert canvases[0].count(MASK_GLYPH) == 6 and canvases[-1] == expected.completions[0]
-    assert lines[-1].startswith(f"nfe=4 tokens={expected.num_tokens[0]} tokens/step=2.00 seconds=")
+    assert lines[-1].startswith(f"nfe=4 tokens={expected.num_tokens[0]} tokens/step=2.00 finished=")
+    # --verbose with it adds no second statistics line.
+    assert main(["generate", "--model", path, "--prompt", prompt, "--show_steps", "--verbose"]) == 0
+    stats = [line for line in capsys.readouterr().err.splitlines() if line.startswith("nfe=")]
+    assert len(stats) == 1 and stats[0].startswith("nfe=8 tokens=8 tokens/step=1.00 finished=False")

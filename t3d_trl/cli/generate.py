@@ -4,8 +4,9 @@
         --block_length 4 --tokens_per_step 2 --verbose
 
 Decoding flags left out keep the settings saved with the model. The completion goes to stdout; with
-``--verbose`` the decoding statistics go to stderr; with ``--show_steps`` the canvas is drawn on stderr after
-every forward pass (redrawn in place on a terminal), then a line with NFE, tokens per step and time. This is
+``--verbose`` the decoding statistics (NFE, tokens, tokens per step, finished, time, tokens/s) go to stderr on one
+line; ``--show_steps`` draws the canvas on stderr after every forward pass (redrawn in place on a terminal), then
+that line. This is
 :func:`t3d_trl.evaluation.runner.generate_completions` on one prompt.
 """
 
@@ -45,12 +46,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="seed of the sampling generator")
     parser.add_argument("--dtype", default="auto", help="auto, bfloat16, float16 or float32")
     parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
-    parser.add_argument("--verbose", action="store_true", help="print NFE, tokens and tokens/s to stderr")
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="print NFE, tokens, tokens per step, finished, seconds and tokens/s to stderr",
+    )
     parser.add_argument(
         "--show_steps",
         action="store_true",
         help="watch it decode: redraw the canvas on stderr after every forward pass (masks visible, each "
-        "step's new tokens highlighted), then NFE, tokens per step and time",
+        "step's new tokens highlighted), then the --verbose line",
     )
     decoding = parser.add_argument_group("decoding (left out: the settings saved with the model)")
     add_decoding_arguments(decoding)
@@ -85,19 +90,14 @@ def main(argv: list[str]) -> int:
         streamer=TerminalStreamer(tokenizer, stream=sys.stderr) if args.show_steps else None,
     )
     print(out.completions[0])
-    if args.show_steps:
+    if args.show_steps or args.verbose:  # one statistics line, whichever flags asked for it
         nfe, tokens = out.nfe[0], out.num_tokens[0]
-        print(
-            f"nfe={nfe} tokens={tokens} tokens/step={tokens / max(nfe, 1):.2f} seconds={out.seconds:.3f}",
-            file=sys.stderr,
-        )
-    if args.verbose:
         # Said in words: a model or task without an end-of-sequence token (the demo tasks) never "finishes".
         finished = (
             "True" if out.finished[0] else f"False (no EOS within max_new_tokens={config.max_new_tokens})"
         )
         print(
-            f"nfe={out.nfe[0]} tokens={out.num_tokens[0]} finished={finished} "
+            f"nfe={nfe} tokens={tokens} tokens/step={tokens / max(nfe, 1):.2f} finished={finished} "
             f"seconds={out.seconds:.3f} tokens/s={out.tokens_per_second:.1f}",
             file=sys.stderr,
         )

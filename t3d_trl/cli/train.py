@@ -64,10 +64,9 @@ def _load(data: TrainDataConfig, split: str, loss_type: str) -> Any:
 def run(model_args: ModelConfig, data: TrainDataConfig, args: Any) -> str:
     """Train as the recipe says; returns the output directory."""
     import torch
-    from transformers import AutoTokenizer
     from trl import get_peft_config
 
-    from ..models.auto import AutoModelForDiffusionLM
+    from ..models.auto import AutoModelForDiffusionLM, load_tokenizer
     from ..trainer import T3DTrainer
 
     name = model_args.model_name_or_path
@@ -75,7 +74,7 @@ def run(model_args: ModelConfig, data: TrainDataConfig, args: Any) -> str:
     kwargs = {"revision": model_args.model_revision, "dtype": dtype}
     if model_args.attn_implementation is not None:
         kwargs["attn_implementation"] = model_args.attn_implementation
-    tokenizer = AutoTokenizer.from_pretrained(name, revision=model_args.model_revision)
+    tokenizer = load_tokenizer(name, revision=model_args.model_revision)
     model = AutoModelForDiffusionLM.from_pretrained(name, **kwargs)
     trainer = T3DTrainer(
         model,

@@ -132,7 +132,7 @@ def _resolve_model(
     model: Any, tokenizer: Any, revision: str | None, model_kwargs: Mapping[str, Any]
 ) -> tuple[Any, Any]:
     """Load a teacher given by name (onto this process's GPU, if any) and its tokenizer."""
-    from transformers import AutoTokenizer
+    from ..models.auto import load_tokenizer
 
     if isinstance(model, str):
         from ..models.auto import AutoModelForDiffusionLM
@@ -142,13 +142,13 @@ def _resolve_model(
         if torch.cuda.is_available() and "device_map" not in model_kwargs:
             model.to(torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))))
         if tokenizer is None:
-            tokenizer = AutoTokenizer.from_pretrained(name, revision=revision)
+            tokenizer = load_tokenizer(name, revision=revision)
     if tokenizer is None:
         tokenizer = getattr(model, "name_or_path", None)
         if not tokenizer:
             raise ValueError("pass a tokenizer: the model has no name or path to load one from")
     if isinstance(tokenizer, str):
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+        tokenizer = load_tokenizer(tokenizer)
     return model.eval(), tokenizer
 
 

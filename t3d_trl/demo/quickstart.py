@@ -89,10 +89,14 @@ class QuickstartConfig:
     tokens_per_step: int = field(
         default=4, metadata={"help": "Student budget (TokPS) used for path weights."}
     )
-    beta: float = field(default=1.0, metadata={"help": "DDO beta (paper: 0.1)."})
-    fake_weight: float = field(default=0.5, metadata={"help": "DDO fake-term weight alpha (paper: 0.5)."})
+    beta: float = field(default=1.0, metadata={"help": "DDO beta (reference code: 0.1)."})
+    fake_weight: float = field(
+        default=0.5, metadata={"help": "DDO fake-term weight alpha (reference code: 0.5)."}
+    )
     lambda_path: float = field(default=3.0, metadata={"help": "Path-consistency weight (paper: 0.2)."})
-    ref_sync_steps: int = field(default=10, metadata={"help": "Reference refresh period (paper: 10)."})
+    ref_sync_steps: int = field(
+        default=10, metadata={"help": "Reference refresh period (reference code: 10)."}
+    )
     num_eval: int = field(default=1000, metadata={"help": "Held-out prompts per evaluation."})
     eval_tokens_per_step: list[int] = field(
         default_factory=lambda: [1, 2, 4], metadata={"help": "Static budgets evaluated (TokPS)."}
@@ -112,6 +116,8 @@ class QuickstartConfig:
             raise ValueError(f"unknown methods {unknown}; choose from {list(METHODS)}")
         if not self.methods:
             raise ValueError("methods must name at least one distillation method")
+        if self.teacher and self.train_teacher:
+            raise ValueError("give a teacher or train_teacher, not both: train_teacher trains a new one")
         # The evaluation budgets are checked here, not after the teacher and the students have trained.
         block_length = get_task(self.task).block_length
         bad = [k for k in self.eval_tokens_per_step if k < 1 or block_length % k]

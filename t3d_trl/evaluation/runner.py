@@ -361,9 +361,7 @@ def load_model(path: str, dtype: str = "auto", device: str | None = None) -> tup
     ``dtype``: ``"auto"`` (the checkpoint's), ``"bfloat16"``, ``"float16"`` or ``"float32"``. ``device``:
     default ``"cuda"`` when available, else ``"cpu"``.
     """
-    from transformers import AutoTokenizer
-
-    from ..models.auto import AutoModelForDiffusionLM, adapter_base_model, check_model_source
+    from ..models.auto import AutoModelForDiffusionLM, check_model_source, load_tokenizer
 
     if dtype != "auto" and not isinstance(getattr(torch, dtype, None), torch.dtype):
         raise ValueError(f"dtype must be 'auto' or a torch dtype name such as 'bfloat16', got {dtype!r}")
@@ -377,14 +375,7 @@ def load_model(path: str, dtype: str = "auto", device: str | None = None) -> tup
         raise ValueError(f"device {device!r}: no CUDA GPU on this machine (use cpu, or leave it unset)")
     check_model_source(path)
     model = AutoModelForDiffusionLM.from_pretrained(path, dtype=torch_dtype).to(device).eval()
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError):
-        base = adapter_base_model(path)  # an adapter saved without its tokenizer uses its base model's
-        if base is None:
-            raise
-        tokenizer = AutoTokenizer.from_pretrained(base)
-    return model, tokenizer
+    return model, load_tokenizer(path)
 
 
 def run_grid(

@@ -199,9 +199,9 @@ class DiffusionLM(TemplateLM):
                 )
             model = pretrained.to(device).eval()
         if isinstance(tokenizer, str):
-            from transformers import AutoTokenizer
+            from ..models.auto import load_tokenizer
 
-            tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+            tokenizer = load_tokenizer(tokenizer)
         if peft is not None:
             from peft import PeftModel
 

@@ -143,6 +143,17 @@ def adapter_base_model(name_or_path: str, **hub_kwargs: Any) -> str | None:
     return base
 
 
+def load_tokenizer(name_or_path: str, **hub_kwargs: Any) -> Any:
+    """The tokenizer of a checkpoint; a ``peft`` adapter saved without one (peft's default) gets its base model's."""
+    try:
+        return AutoTokenizer.from_pretrained(name_or_path, **hub_kwargs)
+    except (OSError, ValueError):
+        base = adapter_base_model(name_or_path, **hub_kwargs)
+        if base is None:
+            raise
+        return AutoTokenizer.from_pretrained(base)
+
+
 def read_model_kind(name_or_path: str, **hub_kwargs: Any) -> tuple[bool, bool]:
     """``(is_block_causal, is_decoder)`` of a checkpoint, read from its config files without loading weights.
 

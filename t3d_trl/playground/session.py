@@ -397,10 +397,9 @@ def replay_frames(
 
     ``tokenizer_source``: where to read the tokenizer (default: the ``teacher`` of the dataset's metadata).
     """
-    from transformers import AutoTokenizer
-
     from ..data.hub import load_trajectories
     from ..data.schema import TrajectoryMetadata
+    from ..models.auto import load_tokenizer
 
     if not str(dataset_path).strip():
         raise ValueError("give the path of a trajectory dataset")
@@ -411,7 +410,7 @@ def replay_frames(
     row = dataset[int(row_index)]
     source = (tokenizer_source or "").strip() or metadata.teacher
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source)
+        tokenizer = load_tokenizer(source)
     except OSError as err:
         raise FileNotFoundError(
             f"cannot read the tokenizer of {source!r} (the dataset's teacher): give a tokenizer path ({err})"

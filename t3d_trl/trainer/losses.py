@@ -195,8 +195,8 @@ def ddo_loss(
     Args:
         real_logratio: ``[B]`` from :func:`sequence_logratio` on the teacher's tokens.
         fake_logratio: ``[B]`` from :func:`sequence_logratio` on the reference model's tokens.
-        beta: scale of the implicit discriminator (paper: 0.1).
-        fake_weight: ``alpha``, weight of the fake term (paper: 0.5).
+        beta: scale of the implicit discriminator (reference code: 0.1; the paper gives no value).
+        fake_weight: ``alpha``, weight of the fake term (reference code: 0.5; Eq. step-ddo weighs it 1).
 
     Returns:
         ``[B]`` per-sequence losses.

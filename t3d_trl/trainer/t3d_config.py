@@ -126,7 +126,7 @@ class T3DConfig(_BaseConfig):
 
     # Parameters whose defaults differ from TrainingArguments: the paper's optimiser settings.
     learning_rate: float = field(
-        default=1e-5, metadata={"help": "Initial AdamW learning rate (paper: 1e-5)."}
+        default=1e-5, metadata={"help": "Initial AdamW learning rate (the reference code's: 1e-5)."}
     )
     # TRL sets the deprecated alias to True, which makes transformers warn on every run: unset it here and turn
     # activation_checkpointing on in __post_init__ instead (same behaviour, no warning).

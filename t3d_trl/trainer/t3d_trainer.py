@@ -28,7 +28,12 @@ from ..data.preparation import (
 from ..data.schema import TrajectoryMetadata
 from ..diffusion.forward import accepts_4d_mask, diffusion_forward, max_positions, unwrap_model
 from ..generation.configuration import DiffusionGenerationConfig
-from ..models.auto import ADAPTER_DEFAULTS_FILE, AutoModelForDiffusionLM, save_adapter_defaults
+from ..models.auto import (
+    ADAPTER_DEFAULTS_FILE,
+    AutoModelForDiffusionLM,
+    load_tokenizer,
+    save_adapter_defaults,
+)
 from ..utils import without_checkpointing_deprecation
 from . import checkpoints, losses
 from .checks import check_launch, check_student
@@ -117,9 +122,7 @@ class T3DTrainer(MetricsMixin, _BaseTrainer):
             raise ValueError("train_dataset is required")
         if isinstance(model, str):
             if processing_class is None:
-                from transformers import AutoTokenizer
-
-                processing_class = AutoTokenizer.from_pretrained(model)
+                processing_class = load_tokenizer(model)
             model = AutoModelForDiffusionLM.from_pretrained(model, dtype="auto")
 
         # The model: a diffusion description is what makes it a masked diffusion LM.
