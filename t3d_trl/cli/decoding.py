@@ -63,13 +63,10 @@ def str_to_bool(value: str | bool) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
 
 
-def add_decoding_arguments(parser: argparse.ArgumentParser | Any, skip: Iterable[str] = ()) -> None:
+def add_decoding_arguments(parser: argparse.ArgumentParser | Any) -> None:
     """Add a flag per decoding field (left out: not set, so the model's saved setting decides)."""
     helps = docstring_help(DiffusionGenerationConfig)
-    skip = set(skip)
     for f in decoding_fields():
-        if f.name in skip:
-            continue
         kind = flag_type(f.name)
         kwargs: dict[str, Any] = {"default": argparse.SUPPRESS, "help": helps.get(f.name)}
         if typing.get_origin(kind) is Literal:

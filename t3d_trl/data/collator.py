@@ -40,7 +40,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from ..diffusion.config import DiffusionConfig
+from ..diffusion.config import DiffusionConfig, block_offset
 from ..diffusion.masks import additive_mask, padding_attention_mask, position_ids_from_valid
 from ..generation.remasking import transfer_schedule
 
@@ -119,7 +119,7 @@ class DataCollatorForDiffusion:
         return np.random.default_rng([self.seed & 0xFFFFFFFF, self.epoch, int(row)])
 
     def _blocks(self, prompt_len: int, completion_len: int) -> np.ndarray:
-        offset = prompt_len % self.block_length if self.diffusion.is_block_causal else 0
+        offset = block_offset(prompt_len, self.block_length, self.diffusion.is_block_causal)
         return (offset + np.arange(completion_len)) // self.block_length
 
     def _trajectory_mask(
@@ -252,7 +252,7 @@ class DataCollatorForDiffusion:
         block_causal = self.diffusion.is_block_causal
         prompt_width = max(len(r["prompt"]) for r in rows)
         completion_width = max(len(r["completion"]) for r in rows)
-        tails = [len(r["prompt"]) % self.block_length if block_causal else 0 for r in rows]
+        tails = [block_offset(len(r["prompt"]), self.block_length, block_causal) for r in rows]
         noisy_width = max(t + len(r["completion"]) for t, r in zip(tails, rows)) if block_causal else 0
         width = prompt_width + completion_width + noisy_width
         keep_start = prompt_width + completion_width if block_causal else prompt_width

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from ..diffusion.config import block_offset
 from ..utils import dataclass_from_dict
 
 logger = logging.getLogger(__name__)
@@ -130,12 +131,8 @@ class TrajectoryMetadata:
         return dataset
 
     def block_offset(self, prompt_len: int) -> int:
-        """Position of the first completion token inside its decoding block.
-
-        Bidirectional models start blocks at the end of the prompt (offset 0); block-causal models align
-        blocks to absolute position 0, so the prompt's tail shares the first block.
-        """
-        return prompt_len % self.block_length if self.attention == "block_causal" else 0
+        """Position of the first completion token inside its decoding block (see :func:`block_offset`)."""
+        return block_offset(prompt_len, self.block_length, self.attention == "block_causal")
 
     def completion_blocks(self, prompt_len: int, completion_len: int) -> list[int]:
         """Decoding block (0-based, counted from the first block holding a completion token) of each token."""

@@ -41,7 +41,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..diffusion.config import require_diffusion_config
-from ..diffusion.forward import max_positions
+from ..diffusion.forward import checked_vocab_size, max_positions
 from ..generation.configuration import DiffusionGenerationConfig
 from ..generation.memory import auto_batch_size, peak_memory_gb, reset_peak_memory
 from ..generation.sampler import eos_token_ids, left_pad
@@ -160,19 +160,13 @@ def _check_teacher(model: Any, tokenizer: Any) -> int:
             f"{type(model).__name__} has a diffusion description but no diffusion_generate: load it with "
             "AutoModelForDiffusionLM.from_pretrained, or call add_diffusion_generation(model) first"
         )
-    head = model.get_output_embeddings()
-    # The number of logits bounds every id the teacher can emit (the tokenizer may count fewer).
-    vocab = (head if head is not None else model.get_input_embeddings()).weight.shape[0]
+    vocab = checked_vocab_size(model, diffusion)  # the tokenizer may count fewer tokens, never more
     name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
     if len(tokenizer) > vocab:
         raise ValueError(
             f"the tokenizer {name!r} has {len(tokenizer)} tokens but the model "
             f"{getattr(model, 'name_or_path', '') or type(model).__name__!r} has a vocabulary of {vocab}: pass "
             "the teacher's own tokenizer"
-        )
-    if diffusion.mask_token_id >= vocab:
-        raise ValueError(
-            f"mask_token_id={diffusion.mask_token_id} is outside the model's vocabulary of {vocab}"
         )
     return vocab
 

@@ -86,6 +86,16 @@ class DiffusionConfig:
         setattr(config, CONFIG_KEY, self.to_dict())
 
 
+def block_offset(prompt_len: Any, block_length: int, block_causal: bool) -> Any:
+    """Position of the first completion token inside its decoding block (ints or tensors).
+
+    Bidirectional models start blocks at the end of the prompt (offset 0); block-causal models align blocks to
+    absolute position 0, so the prompt's tail shares the first block. Training and decoding both read this rule:
+    it is what keeps a student's blocks where its sampler will put them.
+    """
+    return prompt_len % block_length if block_causal else 0
+
+
 def require_diffusion_config(model: Any) -> DiffusionConfig:
     """The diffusion description stored in ``model.config``; a ``ValueError`` saying how to attach one if absent.
 

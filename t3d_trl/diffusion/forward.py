@@ -70,6 +70,20 @@ def max_positions(model: torch.nn.Module) -> int | None:
     return None if limit is None else limit - (position_offset(inner) or 0)
 
 
+def checked_vocab_size(model: torch.nn.Module, diffusion: DiffusionConfig) -> int:
+    """The number of logits the model scores (output head, else input embeddings): it bounds every id it can emit.
+
+    Refuses a mask token outside it, the one check the sampler, trajectory collection and the trainer share.
+    """
+    head = model.get_output_embeddings()
+    vocab = (head if head is not None else model.get_input_embeddings()).weight.shape[0]
+    if diffusion.mask_token_id >= vocab:
+        raise ValueError(
+            f"mask_token_id={diffusion.mask_token_id} is outside the model's vocabulary of {vocab}"
+        )
+    return vocab
+
+
 def cache_keyword(model: torch.nn.Module) -> str:
     """transformers 5.24 renamed ``past_key_values`` to ``cache``; support both spellings."""
     return "cache" if "cache" in _forward_params(type(unwrap_model(model))) else "past_key_values"

@@ -27,8 +27,6 @@ def block_attention_mask(
     key_block: torch.Tensor,
     key_valid: torch.Tensor,
     dtype: torch.dtype,
-    query_index: torch.Tensor | None = None,
-    key_index: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Additive mask where a query sees every valid key of its own or an earlier block.
 
@@ -37,15 +35,13 @@ def block_attention_mask(
         key_block: ``[B, Lk]`` block id of each key.
         key_valid: ``[B, Lk]`` bool, False for padding keys.
         dtype: float dtype of the mask (the model's compute dtype).
-        query_index, key_index: absolute canvas indices (``[Lq]``, ``[Lk]``) used to let every query see
-            itself; when omitted, the queries are taken to be the last ``Lq`` keys.
+
+    The queries are the last ``Lq`` keys, and every query sees itself (a padded query keeps a finite row).
     """
     allowed = (key_block.unsqueeze(1) <= query_block.unsqueeze(2)) & key_valid.bool().unsqueeze(1)
     lq, lk = query_block.shape[1], key_block.shape[1]
-    if query_index is None:
-        query_index = torch.arange(lk - lq, lk, device=allowed.device)
-    if key_index is None:
-        key_index = torch.arange(lk, device=allowed.device)
+    query_index = torch.arange(lk - lq, lk, device=allowed.device)
+    key_index = torch.arange(lk, device=allowed.device)
     allowed |= (query_index.unsqueeze(1) == key_index.unsqueeze(0)).unsqueeze(0)
     return additive_mask(allowed, dtype)
 

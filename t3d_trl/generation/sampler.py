@@ -34,8 +34,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..diffusion.config import DiffusionConfig
-from ..diffusion.forward import accepts_4d_mask, max_positions
+from ..diffusion.config import DiffusionConfig, block_offset
+from ..diffusion.forward import accepts_4d_mask, checked_vocab_size, max_positions
 from ..diffusion.masks import (
     block_attention_mask,
     padding_attention_mask,
@@ -144,7 +144,7 @@ def layout_canvas(
         blocks = [(s, s + block_length) for s in range(width, width + max_new_tokens, block_length)]
         return Canvas(tokens, full_valid, position_ids_from_valid(full_valid), gen_index, blocks, 0)
 
-    tails = lengths % block_length
+    tails = block_offset(lengths, block_length, True)
     prefix = int((lengths - tails).max())
     span = -(-(int(tails.max()) + max_new_tokens) // block_length) * block_length
     total = prefix + span
@@ -185,12 +185,7 @@ def _check_model(
     model: torch.nn.Module, diffusion: DiffusionConfig, config: DiffusionGenerationConfig, valid: torch.Tensor
 ) -> None:
     """Refuse settings the model cannot decode with, naming the value."""
-    output = model.get_output_embeddings()
-    vocab = output.weight.shape[0] if output is not None else None
-    if vocab is not None and diffusion.mask_token_id >= vocab:
-        raise ValueError(
-            f"mask_token_id={diffusion.mask_token_id} is outside the model's vocabulary of {vocab}"
-        )
+    checked_vocab_size(model, diffusion)
     is_decoder = accepts_4d_mask(model)
     if diffusion.is_block_causal and not is_decoder:
         raise ValueError(

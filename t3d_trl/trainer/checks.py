@@ -9,19 +9,14 @@ from typing import Any
 from transformers import PreTrainedModel
 
 from ..diffusion.config import DiffusionConfig, require_diffusion_config
-from ..diffusion.forward import accepts_4d_mask
+from ..diffusion.forward import accepts_4d_mask, checked_vocab_size
 from ..utils import check_process_count
 
 
 def check_student(inner: PreTrainedModel) -> tuple[DiffusionConfig, int]:
     """(the diffusion description, the vocabulary size) of a student the trainer can train."""
     diffusion = require_diffusion_config(inner)
-    head = inner.get_output_embeddings()
-    vocab = (head if head is not None else inner.get_input_embeddings()).weight.shape[0]
-    if diffusion.mask_token_id >= vocab:
-        raise ValueError(
-            f"mask_token_id={diffusion.mask_token_id} is outside the model's vocabulary of {vocab}"
-        )
+    vocab = checked_vocab_size(inner, diffusion)
     if diffusion.is_block_causal and not accepts_4d_mask(inner):
         raise ValueError(
             f"block-causal training needs a decoder taking 4D masks; {type(inner).__name__} is not"
