@@ -6,8 +6,9 @@ selects the positions the objective covers (the masked positions of the state ``
 already-decoded positions are excluded by that mask, never by convention.
 
 Token-level losses return ``sum over masked positions / num_items``. ``num_items`` defaults to the number of
-masked positions (a plain mean); the trainer passes the count over the whole gradient-accumulation step and all
-processes instead, which is how ``transformers.Trainer`` normalises (``num_items_in_batch``).
+masked positions (a plain mean). The trainer takes the sums (``num_items=1``) and divides them by the count over
+the whole gradient-accumulation step and all processes, which is how ``transformers.Trainer`` normalises
+(``num_items_in_batch``); it divides the same sums by this batch's count for its logged metrics.
 """
 
 from __future__ import annotations
