@@ -107,6 +107,11 @@ CPU_PROCESSES_HELP = (
 )
 
 
+def launched_processes() -> int:
+    """How many processes a launcher (torchrun, accelerate, MPI) says it started; 1 without one."""
+    return max(int(os.environ.get(name) or 1) for name in _WORLD_SIZE_VARIABLES)
+
+
 def check_process_count(world_size: int, what: str, consequence: str) -> None:
     """Refuse a run that a launcher started as N processes but that runs as fewer.
 
@@ -115,7 +120,7 @@ def check_process_count(world_size: int, what: str, consequence: str) -> None:
     machine without GPUs (or with ``--cpu``), which starts a single process unless it runs under ``mpirun``. That
     process still gets the ``MASTER_ADDR`` of the group accelerate meant to form, and no rank (``LOCAL_RANK``).
     """
-    requested = max(int(os.environ.get(name) or 1) for name in _WORLD_SIZE_VARIABLES)
+    requested = launched_processes()
     if requested > world_size:
         raise ValueError(
             f"{what} was launched as {requested} processes but runs as {world_size}: {consequence}. "

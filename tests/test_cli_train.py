@@ -268,3 +268,75 @@ def test_a_logger_that_is_not_installed_is_refused_before_loading(files, tmp_pat
     message = failure(["train", "--config", path, "--report_to", "wandb"], capsys)
     assert "report_to ['wandb']: not installed (pip install wandb)" in message
     assert not (tmp_path / "o").exists()
+
+
+def _argv(model: str, data_dir: Path, output_dir: Path, *extra: str) -> list[str]:
+    argv = ["train", "--model_name_or_path", model, "--dataset_name", str(data_dir)]
+    argv += ["--output_dir", str(output_dir), "--per_device_train_batch_size", "4", *extra]
+    for key, value in SETTINGS.items():
+        argv += [f"--{key}", str(value)]
+    return argv
+
+
+def test_a_lora_adapter_records_the_base_revision_it_was_trained_on(files, tokenizer, tmp_path, monkeypatch):
+    # adapter_config.json's "revision" is where peft (and AutoModelForDiffusionLM) load the base model again:
+    # without it, an adapter trained on the base's v1 loads on its main branch, silently.
+    import shutil
+
+    from huggingface_hub import constants
+
+    from t3d_trl import AutoModelForDiffusionLM
+
+    model_dir, data_dir = files
+    build_bidirectional_model(tokenizer, seed=0).save_pretrained(tmp_path / "main")
+    tokenizer.save_pretrained(tmp_path / "main")
+    repo = tmp_path / "hub" / "models--me--base"
+    for revision, commit, folder in (("main", "a" * 40, tmp_path / "main"), ("v1", "b" * 40, model_dir)):
+        (repo / "refs").mkdir(parents=True, exist_ok=True)
+        (repo / "refs" / revision).write_text(commit)
+        shutil.copytree(folder, repo / "snapshots" / commit)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    out = tmp_path / "lora"
+    argv = _argv("me/base", data_dir, out, "--model_revision", "v1", "--use_peft", "--lora_r", "4")
+    assert main(argv) == 0
+    saved = json.loads((out / "adapter_config.json").read_text())
+    assert (saved["base_model_name_or_path"], saved["revision"]) == ("me/base", "v1")
+    loaded = AutoModelForDiffusionLM.from_pretrained(str(out))
+    trained_on = AutoModelForDiffusionLM.from_pretrained(str(model_dir))
+    assert torch.equal(loaded.get_input_embeddings().weight, trained_on.get_input_embeddings().weight)
+
+
+_REMOTE_CONFIG = """from transformers import Qwen3Config
+
+
+class MyConfig(Qwen3Config):
+    model_type = "mydlm"
+"""
+_REMOTE_MODELING = """from transformers import Qwen3ForCausalLM
+
+from .configuration_my import MyConfig
+
+
+class MyModel(Qwen3ForCausalLM):
+    config_class = MyConfig
+"""
+
+
+def test_trust_remote_code_trains_a_checkpoint_that_ships_its_code(files, tmp_path, capsys):
+    model_dir, data_dir = files
+    (model_dir / "configuration_my.py").write_text(_REMOTE_CONFIG)
+    (model_dir / "modeling_my.py").write_text(_REMOTE_MODELING)
+    config = json.loads((model_dir / "config.json").read_text())
+    config |= {
+        "model_type": "mydlm",
+        "architectures": ["MyModel"],
+        "auto_map": {
+            "AutoConfig": "configuration_my.MyConfig",
+            "AutoModelForCausalLM": "modeling_my.MyModel",
+        },
+    }
+    (model_dir / "config.json").write_text(json.dumps(config))
+    assert "--trust_remote_code" in failure(_argv(str(model_dir), data_dir, tmp_path / "refused"), capsys)
+    assert main(_argv(str(model_dir), data_dir, tmp_path / "o", "--trust_remote_code")) == 0
+    saved = json.loads((tmp_path / "o" / "config.json").read_text())
+    assert saved["architectures"] == ["MyModel"] and (tmp_path / "o" / "modeling_my.py").is_file()

@@ -202,3 +202,41 @@ def test_two_processes_print_the_final_line_once(recipe, tmp_path):
     printed = "".join((tmp_path / f"rank{rank}.txt").read_text() for rank in (0, 1))
     assert printed.count("trajectories saved") == 1
     assert len(load_trajectories(values["output_dir"])) == 3
+
+
+_REMOTE_CODE = {
+    "configuration_my.py": "from transformers import Qwen3Config\n\n\nclass MyConfig(Qwen3Config):\n"
+    '    model_type = "mydlm"\n',
+    "modeling_my.py": "from transformers import Qwen3ForCausalLM\n\nfrom .configuration_my import MyConfig\n\n\n"
+    "class MyModel(Qwen3ForCausalLM):\n    config_class = MyConfig\n",
+    "tokenization_my.py": "from transformers import PreTrainedTokenizerFast\n\n\n"
+    "class MyTokenizer(PreTrainedTokenizerFast):\n    pass\n",
+}
+
+
+def test_trust_remote_code_collects_from_a_teacher_that_ships_its_code(recipe, capsys):
+    # The teacher's model and tokenizer classes are its own code (auto_map): both load with the flag only.
+    path, values = recipe
+    teacher = path.parent / "teacher"
+    for name, code in _REMOTE_CODE.items():
+        (teacher / name).write_text(code)
+    config = json.loads((teacher / "config.json").read_text())
+    config |= {
+        "model_type": "mydlm",
+        "architectures": ["MyModel"],
+        "auto_map": {
+            "AutoConfig": "configuration_my.MyConfig",
+            "AutoModelForCausalLM": "modeling_my.MyModel",
+        },
+    }
+    (teacher / "config.json").write_text(json.dumps(config))
+    tokenizer_config = json.loads((teacher / "tokenizer_config.json").read_text())
+    tokenizer_config |= {
+        "tokenizer_class": "MyTokenizer",
+        "auto_map": {"AutoTokenizer": [None, "tokenization_my.MyTokenizer"]},
+    }
+    (teacher / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    assert main(["collect", "--config", str(path)]) == 2
+    assert "--trust_remote_code" in capsys.readouterr().err
+    assert main(["collect", "--config", str(path), "--trust_remote_code"]) == 0
+    assert len(load_trajectories(values["output_dir"])) == 3

@@ -122,6 +122,16 @@ def test_eval_config_parsing(tmp_path, capsys):
     assert "block_size" in capsys.readouterr().err
 
 
+def test_eval_refuses_a_multi_process_launch(tmp_path, capsys, monkeypatch):
+    """Under torchrun every process evaluated every row and wrote the same files."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    calls = count_runs(monkeypatch)
+    assert main(["eval", "--models", "m=/no/such/model", "--output_dir", str(tmp_path / "eval")]) == 2
+    err = capsys.readouterr().err
+    assert "t3d-trl eval runs as one process, but was launched as 2" in err and "t3d-trl lm-eval" in err
+    assert calls == [] and not (tmp_path / "eval").exists()
+
+
 def test_generate_prints_the_completion(saved_models, capsys):
     path = saved_models["sdar-like"]
     argv = ["generate", "--model", path, "--prompt", "What is 2+2?", "--template", "math"]

@@ -6,6 +6,7 @@ import copy
 import io
 import json
 import pickle
+from pathlib import Path
 
 import pytest
 import torch
@@ -343,6 +344,10 @@ def test_remote_code_registered_as_automodel_only_loads(tmp_path, tokenizer):
     }
     (tmp_path / "config.json").write_text(json.dumps(config))
 
+    with pytest.raises(
+        ValueError, match=r"needs trust_remote_code=True \(the --trust_remote_code flag of t3d-trl"
+    ):
+        AutoModelForDiffusionLM.from_pretrained(tmp_path)
     loaded = AutoModelForDiffusionLM.from_pretrained(tmp_path, trust_remote_code=True)
     assert type(loaded).__name__ == "MyModel" and type(loaded).__module__.startswith("transformers_modules")
     assert loaded.diffusion_config == model.diffusion_config
@@ -351,3 +356,44 @@ def test_remote_code_registered_as_automodel_only_loads(tmp_path, tokenizer):
     assert torch.equal(
         loaded.eval().diffusion_generate(prompt, **settings), model.diffusion_generate(prompt, **settings)
     )
+
+
+def _hub_cache(tmp_path: Path, monkeypatch, repo: str, snapshots: dict[str, tuple[str, Path]]) -> None:
+    """A Hub cache holding ``repo`` (``revision -> (commit, folder)``), as a download leaves it; offline."""
+    import shutil
+
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hub"
+    folder = cache / f"models--{repo.replace('/', '--')}"
+    (folder / "refs").mkdir(parents=True)
+    for revision, (commit, source) in snapshots.items():
+        (folder / "refs" / revision).write_text(commit)
+        shutil.copytree(source, folder / "snapshots" / commit, dirs_exist_ok=True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+
+
+def test_an_adapter_loads_on_the_base_revision_it_was_trained_on(tmp_path, tokenizer, monkeypatch):
+    # peft records the base revision in adapter_config.json ("revision"), and its AutoPeftModel loads the base
+    # there: so does AutoModelForDiffusionLM (its tokenizer too), not the base's main branch.
+    from peft import LoraConfig, get_peft_model
+
+    from t3d_trl.models.auto import load_tokenizer
+
+    build_bidirectional_model(tokenizer, seed=0).save_pretrained(tmp_path / "main")
+    build_bidirectional_model(tokenizer, seed=1).save_pretrained(tmp_path / "v1")
+    tokenizer.save_pretrained(tmp_path / "v1")  # main has none: a tokenizer read at main fails
+    snapshots = {"main": ("a" * 40, tmp_path / "main"), "v1": ("b" * 40, tmp_path / "v1")}
+    _hub_cache(tmp_path, monkeypatch, "me/base", snapshots)
+    base = AutoModelForDiffusionLM.from_pretrained("me/base", revision="v1")
+    lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], revision="v1")
+    get_peft_model(base, lora).save_pretrained(tmp_path / "lora")
+    loaded = AutoModelForDiffusionLM.from_pretrained(tmp_path / "lora")
+    weights = base.get_input_embeddings().weight
+    assert torch.equal(loaded.get_input_embeddings().weight, weights)
+    assert load_tokenizer(str(tmp_path / "lora")).get_vocab() == tokenizer.get_vocab()
+    # Offline, a revision not in the cache is named (the repo is there).
+    with pytest.raises(
+        FileNotFoundError, match="offline .*revision 'v2' of the Hub repo 'me/base' is not in the"
+    ):
+        AutoModelForDiffusionLM.from_pretrained("me/base", revision="v2")

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from safetensors import safe_open
 from testing_utils import (
     build_bidirectional_model,
     build_block_causal_model,
@@ -248,6 +249,25 @@ def test_gradient_accumulation_normalises_over_the_whole_step(tokenizer, traject
     assert logged(accumulated, "grad_norm") == pytest.approx(logged(full, "grad_norm"), rel=1e-4)
 
 
+def test_a_lora_adapter_is_initialised_from_the_runs_seed(tokenizer, trajectories, tmp_path):
+    """peft draws the adapter's initial weights: from ``args.seed``, not from whatever the global generator holds
+    (each process of a launch, and each new run, held another: runs and ranks started from different adapters)."""
+    from peft import LoraConfig
+
+    weights = []
+    for draw in (1, 2):
+        model = build_bidirectional_model(tokenizer, seed=1)
+        torch.manual_seed(draw)  # the global generator as another run or another rank leaves it
+        trainer = T3DTrainer(
+            model,
+            config(tmp_path / str(draw), loss_type="td"),
+            train_dataset=trajectories["bidirectional"],
+            peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"]),
+        )
+        weights.append({n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_A" in n})
+    assert weights[0] and all(torch.equal(weights[0][n], weights[1][n]) for n in weights[0])
+
+
 def test_peft_lora_trains_with_a_reference_adapter_and_saves_an_adapter_that_loads(
     tokenizer, trajectories, tmp_path, monkeypatch
 ):
@@ -268,6 +288,10 @@ def test_peft_lora_trains_with_a_reference_adapter_and_saves_an_adapter_that_loa
     trainer.save_model()
     out = Path(args.output_dir)
     assert (out / "adapter_model.safetensors").exists() and not (out / "ref").exists()
+    # The saved adapter holds the trained adapter's tensors only, not the reference adapter's too.
+    with safe_open(out / "adapter_model.safetensors", "pt") as saved:
+        assert len(list(saved.keys())) == len(lora_names)
+    assert set(model.peft_config) == {"default", "ref"} and "save_pretrained" not in vars(model)
     loaded = PeftModel.from_pretrained(build_bidirectional_model(tokenizer, seed=1), str(out)).eval()
     ids = torch.tensor([trajectories["bidirectional"][0]["prompt_ids"]])
     model.eval()
@@ -419,6 +443,23 @@ def test_model_card_lists_the_settings_the_run_used(tokenizer, trajectories, tmp
     assert departed["student_state_ratio"] == 0.25 and departed["student_state_labels"] == "rollout"
     assert card(loss_type="dparallel", certainty_weight=3.0)["certainty_weight"] == 3.0
     assert "overwrite_output_dir" not in departed  # how the run was carried out, not a setting of the model
+
+
+def test_model_card_names_hub_datasets_and_base_models_only(tokenizer, trajectories, tmp_path, monkeypatch):
+    # A card's datasets/base_model and their links are Hub repos: a local path or a demo task links nowhere.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "c1" / "traj").mkdir(parents=True)
+    build_bidirectional_model(tokenizer, seed=1).save_pretrained(tmp_path / "models" / "base")
+    student = AutoModelForDiffusionLM.from_pretrained("models/base")
+    trainer = T3DTrainer(student, config(tmp_path), train_dataset=trajectories["bidirectional"])
+    readme = Path(trainer.args.output_dir) / "README.md"
+    for local in ("c1/traj", "demo:wordsort"):
+        trainer.create_model_card(dataset_name=local)
+        text = readme.read_text()
+        assert local not in text and "datasets:" not in text and "base_model" not in text
+    trainer.create_model_card(dataset_name="me/traj")
+    text = readme.read_text()
+    assert "datasets:\n- me/traj" in text and "(https://huggingface.co/datasets/me/traj)" in text
 
 
 def _with_metadata(dataset, **changes):
@@ -733,6 +774,22 @@ def test_rows_beyond_the_model_positions_are_dropped_with_a_warning(
     assert f"longer than the model's max_position_embeddings={limit}" in caplog.text
 
 
+def test_logged_metrics_weigh_every_token_alike_across_batches_and_processes(
+    tokenizer, trajectories, tmp_path
+):
+    """Sums and counts, summed over micro-batches and processes: a batch of 3 tokens and one of 1 log the mean of
+    the 4 tokens, not the mean of the two batch means (which made metrics depend on batch size and process count)."""
+    trainer = train(tokenizer, trajectories["bidirectional"], config(tmp_path, loss_type="td", max_steps=1))
+    trainer._record({"loss/ddo": (torch.tensor(0.0), torch.tensor(0.0))}, mode="eval")  # counted nothing
+    gather = trainer.accelerator.gather
+    trainer.accelerator.gather = lambda t: torch.cat([t, t.new_tensor([[[1.0, 1.0]]])])  # a second process
+    trainer._record({"masked_token_accuracy": (torch.tensor(3.0), torch.tensor(3.0))}, mode="eval")
+    trainer._record({"masked_token_accuracy": (torch.tensor(0.0), torch.tensor(1.0))}, mode="eval")
+    trainer.accelerator.gather = gather
+    # Tokens: 3 + 1 here, 1 + 1 on the other process, 5 of the 6 correct (the mean of means was 0.75).
+    assert trainer._mean_metrics("eval", "eval_") == {"eval_masked_token_accuracy": pytest.approx(5 / 6)}
+
+
 def test_evaluation_sets_are_checked_prepared_and_named_as_training_data_is(
     tokenizer, trajectories, tmp_path
 ):
@@ -800,6 +857,40 @@ def test_a_pushed_checkpoint_carries_an_adapters_decoding_defaults(
     (checkpoint / ADAPTER_DEFAULTS_FILE).write_text('{"diffusion_generation": {"tokens_per_step": 2}}')
     trainer._push_from_checkpoint(str(checkpoint))
     assert uploaded == [sorted([ADAPTER_DEFAULTS_FILE, "checkpoint-2"])]
+
+    # A checkpoint with its own code: the modules auto_map names (and what they import) travel with it too.
+    auto_map = {"AutoConfig": "configuration_tiny.TinyConfig", "AutoModel": "other/repo--modeling_far.Far"}
+    (checkpoint / "config.json").write_text(json.dumps({"auto_map": auto_map}))
+    (checkpoint / "tokenizer_config.json").write_text(
+        json.dumps({"auto_map": {"AutoTokenizer": ["tokenization_tiny.TinyTokenizer", None]}})
+    )
+    (checkpoint / "configuration_tiny.py").write_text("from .helpers import X\n")
+    for name in ("helpers.py", "tokenization_tiny.py", "unrelated.py"):
+        (checkpoint / name).write_text("X = 1\n")
+    uploaded.clear()
+    trainer._push_from_checkpoint(str(checkpoint))
+    code = {"configuration_tiny.py", "helpers.py", "tokenization_tiny.py"}
+    assert code <= set(uploaded[0]) and "unrelated.py" not in uploaded[0]
     assert (tmp_path / "out" / ADAPTER_DEFAULTS_FILE).read_text() == (
         checkpoint / ADAPTER_DEFAULTS_FILE
     ).read_text()
+
+
+def test_an_adapter_of_a_local_base_model_is_not_pushed(tokenizer, trajectories, tmp_path, monkeypatch):
+    # adapter_config.json names its base by the path it was loaded from: pushed, nobody else could load it.
+    from peft import LoraConfig
+
+    base = tmp_path / "models" / "base"
+    build_bidirectional_model(tokenizer, seed=1).save_pretrained(base)
+    monkeypatch.chdir(tmp_path)  # the relative path the recipes use
+    lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"])
+    args = config(tmp_path, push_to_hub=True, hub_model_id="me/student")
+    with pytest.raises(
+        ValueError, match=r"base model is the local folder 'models/base'.*Push the base model"
+    ):
+        T3DTrainer(
+            AutoModelForDiffusionLM.from_pretrained("models/base"),
+            args,
+            train_dataset=trajectories["bidirectional"],
+            peft_config=lora,
+        )

@@ -881,3 +881,64 @@ def test_the_teacher_is_checked_before_decoding(tmp_path, tokenizer, monkeypatch
     with pytest.raises(ValueError, match="max_new_tokens=8 leaves no room for a prompt"):
         collect(short, tokenizer, tmp_path / "c")
     assert not calls and not any((tmp_path / name).exists() for name in "abc")
+
+
+def _hub_cache(tmp_path: Path, monkeypatch, repo: str, snapshots: dict[str, tuple[str, Path]]) -> None:
+    """A Hub cache holding ``repo`` (``revision -> (commit, folder)``), as a download leaves it; offline."""
+    import shutil
+
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hub"
+    folder = cache / f"models--{repo.replace('/', '--')}"
+    (folder / "refs").mkdir(parents=True)
+    for revision, (commit, source) in snapshots.items():
+        (folder / "refs" / revision).write_text(commit)
+        shutil.copytree(source, folder / "snapshots" / commit, dirs_exist_ok=True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+
+
+def test_a_hub_teachers_commit_is_recorded(tmp_path, tokenizer, bidirectional_model, monkeypatch):
+    # transformers 5 no longer sets config._commit_hash: the commit is read from the cached snapshot, for a branch
+    # given as revision too; a local folder records none.
+    teacher = tmp_path / "teacher"
+    bidirectional_model.save_pretrained(teacher)
+    tokenizer.save_pretrained(teacher)
+    main_commit, v1_commit = "a" * 40, "b" * 40
+    _hub_cache(
+        tmp_path, monkeypatch, "me/teacher", {"main": (main_commit, teacher), "v1": (v1_commit, teacher)}
+    )
+    rows = ROWS[:2]
+    for revision, expected in ((None, main_commit), ("v1", v1_commit), (v1_commit, v1_commit)):
+        out = tmp_path / f"run-{revision}"
+        dataset = collect("me/teacher", None, out, rows=rows, teacher_revision=revision)
+        assert TrajectoryMetadata.from_dataset(dataset).teacher_revision == expected
+    local = collect(str(teacher), None, tmp_path / "local", rows=rows)
+    assert TrajectoryMetadata.from_dataset(local).teacher_revision is None
+
+
+def test_a_push_to_a_bare_repo_name_names_the_namespaced_repo(
+    tmp_path, tokenizer, bidirectional_model, monkeypatch
+):
+    # The Hub puts "traj" into the token owner's namespace: the card and the URL name "me/traj".
+    from huggingface_hub import DatasetCard, HfApi
+    from huggingface_hub.hf_api import RepoUrl
+
+    dataset = collect(bidirectional_model, tokenizer, tmp_path / "run", rows=ROWS[:2])
+    pushed = {}
+    monkeypatch.setattr(
+        HfApi,
+        "create_repo",
+        lambda self, repo_id, **kw: RepoUrl(f"https://huggingface.co/datasets/me/{repo_id.split('/')[-1]}"),
+    )
+    monkeypatch.setattr(
+        datasets.Dataset, "push_to_hub", lambda self, repo_id, **kw: pushed.update(data=repo_id)
+    )
+    monkeypatch.setattr(DatasetCard, "load", classmethod(lambda cls, repo_id, **kw: cls("---\n---\n")))
+    monkeypatch.setattr(
+        DatasetCard, "push_to_hub", lambda self, repo_id, **kw: pushed.update(card=repo_id, text=str(self))
+    )
+    url = push_trajectories_to_hub(dataset, "traj")
+    assert url == "https://huggingface.co/datasets/me/traj"
+    assert pushed["data"] == pushed["card"] == "me/traj"
+    assert 'load_trajectories("me/traj")' in pushed["text"]  # the usage snippet

@@ -31,6 +31,8 @@ class CollectConfig(DiffusionGenerationConfig):
         model_name_or_path: the teacher (Hub id or local folder), loaded with ``AutoModelForDiffusionLM``.
         model_revision: Hub revision of the teacher.
         tokenizer_name_or_path: defaults to the model's.
+        trust_remote_code: run the modeling and tokenizer code the checkpoint ships (its ``auto_map``); read
+            it first.
         dtype: ``auto`` or a torch dtype name (``bfloat16``, ``float32``, ...).
         dataset_name: a Hub dataset, a local ``.json``/``.jsonl``/``.parquet``/``.csv`` file, a folder, or
             ``demo:<task>`` (a demo task's generated prompts: ``demo:wordsort``; columns ``id``, ``prompt``,
@@ -62,6 +64,7 @@ class CollectConfig(DiffusionGenerationConfig):
     model_name_or_path: str | None = field(default=None, metadata={"help": "teacher model (Hub id or path)"})
     model_revision: str | None = None
     tokenizer_name_or_path: str | None = None
+    trust_remote_code: bool = False
     dtype: str = "auto"
     dataset_name: str | None = field(
         default=None, metadata={"help": "Hub dataset, local file or folder, or demo:<task>"}
@@ -152,7 +155,7 @@ def run(config: CollectConfig) -> datasets.Dataset:
     from ..data.hub import push_trajectories_to_hub
     from ..data.processes import process_group
     from ..data.trajectories import collect_trajectories, collection_summary
-    from ..models.auto import check_model_source
+    from ..models.auto import check_model_source, load_tokenizer
 
     check_dataset_source(config.dataset_name)  # one line instead of datasets' Hub traceback
     source = load_source_dataset(config.dataset_name, config.dataset_config, config.dataset_split)
@@ -162,9 +165,18 @@ def run(config: CollectConfig) -> datasets.Dataset:
     model_kwargs: dict[str, Any] = {
         "dtype": config.dtype if config.dtype == "auto" else getattr(torch, config.dtype)
     }
+    tokenizer = config.tokenizer_name_or_path
+    if config.trust_remote_code:  # collect_trajectories loads a tokenizer by name without it
+        model_kwargs["trust_remote_code"] = True
+        own = tokenizer is None  # the teacher's own tokenizer is at its revision
+        tokenizer = load_tokenizer(
+            tokenizer or config.model_name_or_path,
+            revision=config.model_revision if own else None,
+            trust_remote_code=True,
+        )
     dataset = collect_trajectories(
         config.model_name_or_path,
-        config.tokenizer_name_or_path,
+        tokenizer,
         source,
         config.prompt_template,
         output_dir=config.output_dir,

@@ -20,6 +20,7 @@ import sys
 from dataclasses import dataclass, field, fields, make_dataclass
 from pathlib import Path
 
+from ..utils import launched_processes
 from .decoding import optional_decoding_fields
 from .parsing import parse_recipe
 
@@ -168,6 +169,13 @@ def import_benchmark_module(name: str) -> None:
 
 def main(argv: list[str]) -> int:
     (config,) = parse_recipe([EvalConfig], argv, prog="t3d-trl eval", description=_DESCRIPTION)
+    launched = launched_processes()
+    if launched > 1:
+        raise ValueError(
+            f"t3d-trl eval runs as one process, but was launched as {launched}: each would evaluate every row and "
+            "write the same output folder. Run it without torchrun or accelerate launch (one process decodes a "
+            "batch at a time on its device); `t3d-trl lm-eval` splits documents over processes"
+        )
     from ..demo.benchmarks import register_demo_benchmarks
 
     register_demo_benchmarks()  # demo-<task>: generated, offline; registered first so that a miss lists them too

@@ -1,9 +1,10 @@
 """``t3d-trl train --config recipe.yaml``: distil a diffusion LM into a few-step student with T3D (or a baseline).
 
-Recipe keys are the fields of TRL's ``ModelConfig`` (``model_name_or_path``, ``dtype``, ``use_peft`` and the
-``lora_*`` options), of :class:`TrainDataConfig` (the dataset and ``accelerate_config``) and of
-:class:`~t3d_trl.T3DConfig` (the objective and every ``TrainingArguments`` setting); flags override the recipe.
-The run is the Python API's: :class:`~t3d_trl.T3DTrainer` on :func:`~t3d_trl.load_trajectories`' data.
+Recipe keys are the fields of :class:`TrainModelConfig` (TRL's ``ModelConfig``: ``model_name_or_path``,
+``dtype``, ``use_peft`` and the ``lora_*`` options, plus ``trust_remote_code``), of :class:`TrainDataConfig`
+(the dataset and ``accelerate_config``) and of :class:`~t3d_trl.T3DConfig` (the objective and every
+``TrainingArguments`` setting); flags override the recipe. The run is the Python API's:
+:class:`~t3d_trl.T3DTrainer` on :func:`~t3d_trl.load_trajectories`' data.
 
 With ``--accelerate_config FILE`` the command starts itself again under ``accelerate launch --config_file FILE``
 (several GPUs, DeepSpeed, FSDP); launching it under ``accelerate launch`` or ``torchrun`` yourself works too.
@@ -24,6 +25,20 @@ from .checks import check_accelerate_config, check_dataset_source
 from .parsing import RecipeError, parse_recipe
 
 _LAUNCHED = "T3D_TRL_LAUNCHED"  # set in the processes started by --accelerate_config (no second relaunch)
+
+
+@dataclass
+class TrainModelConfig(ModelConfig):
+    """TRL's ``ModelConfig`` plus ``trust_remote_code``, which TRL's no longer has.
+
+    Args:
+        trust_remote_code: run the modeling and tokenizer code a checkpoint ships (its ``auto_map``); read it
+            first.
+    """
+
+    trust_remote_code: bool = field(
+        default=False, metadata={"help": "run the modeling code a checkpoint ships (auto_map); read it first"}
+    )
 
 
 @dataclass
@@ -61,7 +76,7 @@ def _load(data: TrainDataConfig, split: str, loss_type: str) -> Any:
     return load_trajectories(data.dataset_name, split=split, skip_invalid=data.skip_invalid)
 
 
-def run(model_args: ModelConfig, data: TrainDataConfig, args: Any) -> str:
+def run(model_args: TrainModelConfig, data: TrainDataConfig, args: Any) -> str:
     """Train as the recipe says; returns the output directory."""
     import torch
     from trl import get_peft_config
@@ -71,18 +86,22 @@ def run(model_args: ModelConfig, data: TrainDataConfig, args: Any) -> str:
 
     name = model_args.model_name_or_path
     dtype = model_args.dtype if model_args.dtype in (None, "auto") else getattr(torch, model_args.dtype)
-    kwargs = {"revision": model_args.model_revision, "dtype": dtype}
+    hub_kwargs = {"revision": model_args.model_revision, "trust_remote_code": model_args.trust_remote_code}
+    kwargs = {**hub_kwargs, "dtype": dtype}
     if model_args.attn_implementation is not None:
         kwargs["attn_implementation"] = model_args.attn_implementation
-    tokenizer = load_tokenizer(name, revision=model_args.model_revision)
+    tokenizer = load_tokenizer(name, **hub_kwargs)
     model = AutoModelForDiffusionLM.from_pretrained(name, **kwargs)
+    peft_config = get_peft_config(model_args)
+    if peft_config is not None:  # adapter_config.json records the base revision, which loading it reads
+        peft_config.revision = model_args.model_revision
     trainer = T3DTrainer(
         model,
         args,
         train_dataset=_load(data, data.dataset_split, args.loss_type),
         eval_dataset=_load(data, data.eval_split, args.loss_type) if data.eval_split else None,
         processing_class=tokenizer,
-        peft_config=get_peft_config(model_args),
+        peft_config=peft_config,
     )
     trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
     trainer.save_model(args.output_dir)
@@ -92,7 +111,7 @@ def run(model_args: ModelConfig, data: TrainDataConfig, args: Any) -> str:
     return args.output_dir
 
 
-def check_inputs(model_args: ModelConfig, data: TrainDataConfig, args: Any) -> None:
+def check_inputs(model_args: TrainModelConfig, data: TrainDataConfig, args: Any) -> None:
     """Everything that can be checked before anything loads (one line instead of a traceback after a load): the
     accelerate config and its backend, the model path or Hub id, the dataset and the loggers of ``report_to``."""
     from transformers.integrations import get_available_reporting_integrations
@@ -126,7 +145,7 @@ def main(argv: list[str]) -> int:
     from ..trainer import T3DConfig
 
     model_args, data, args = parse_recipe(
-        [ModelConfig, TrainDataConfig, T3DConfig], argv, prog="t3d-trl train", description=__doc__
+        [TrainModelConfig, TrainDataConfig, T3DConfig], argv, prog="t3d-trl train", description=__doc__
     )
     missing = [
         n

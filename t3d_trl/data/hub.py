@@ -122,6 +122,7 @@ def push_trajectories_to_hub(
         raise ValueError(f"the dataset has 0 rows: nothing to push to {repo_id}")
     api = HfApi(token=token)
     url = api.create_repo(repo_id, repo_type="dataset", private=private, exist_ok=True)
+    repo_id = url.repo_id  # "traj" lands in the token owner's namespace: the card must name "owner/traj"
     dataset.push_to_hub(repo_id, private=private, token=token, commit_message=commit_message)
     base = DatasetCard.load(repo_id, repo_type="dataset", token=token)  # the card `datasets` just wrote
     extra = [c for c in dataset.column_names if c not in TRAJECTORY_COLUMNS]

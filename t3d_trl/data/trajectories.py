@@ -248,6 +248,25 @@ def weights_fingerprint(model: torch.nn.Module, samples: int = 64) -> str:
     return digest.hexdigest()
 
 
+def _hub_commit(name: str, revision: str | None) -> str | None:
+    """The commit of Hub repo ``name`` at ``revision`` (a branch, tag or commit; default ``main``), read from the
+    local cache ``from_pretrained`` loaded it from (transformers 5 no longer sets ``config._commit_hash``);
+    ``None`` for a local folder or a revision not in the cache."""
+    from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError
+
+    if not name or os.path.isdir(name):
+        return None
+    for filename in ("config.json", "adapter_config.json"):  # a model's, a peft adapter's
+        try:
+            path = try_to_load_from_cache(name, filename, revision=revision)
+        except HFValidationError:  # not a repo id
+            return None
+        if isinstance(path, str):
+            return Path(path).parent.name  # .../snapshots/<commit>/config.json
+    return None
+
+
 def _teacher_settings(
     model: Any,
     tokenizer: Any,
@@ -289,7 +308,9 @@ def _teacher_settings(
         logger.warning("the tokenizer has no chat template: prompts are the raw user messages")
     metadata = TrajectoryMetadata(
         teacher=teacher_name(getattr(model, "name_or_path", "") or "unknown"),
-        teacher_revision=teacher_revision or getattr(model.config, "_commit_hash", None),
+        teacher_revision=_hub_commit(getattr(model, "name_or_path", ""), teacher_revision)
+        or teacher_revision
+        or getattr(model.config, "_commit_hash", None),
         mask_token_id=diffusion.mask_token_id,
         attention=diffusion.attention,
         block_length=block_length,

@@ -126,8 +126,10 @@ def check_model_source(name_or_path: str, **hub_kwargs: Any) -> None:
             for name in (CONFIG_FILE, ADAPTER_CONFIG_FILE)
         ]
         if not any(isinstance(path, str) for path in cached):
+            revision = hub_kwargs.get("revision")
+            what = f"revision {revision!r} of the Hub repo" if revision else "the Hub repo"
             raise FileNotFoundError(
-                f"model {name_or_path!r}: no such folder, and offline (HF_HUB_OFFLINE=1) the Hub repo "
+                f"model {name_or_path!r}: no such folder, and offline (HF_HUB_OFFLINE=1) {what} "
                 f"{name_or_path!r} is not in the local cache"
             )
 
@@ -143,15 +145,30 @@ def adapter_base_model(name_or_path: str, **hub_kwargs: Any) -> str | None:
     return base
 
 
+def _base_kwargs(name_or_path: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` for loading an adapter's base model: without the adapter's own location (``revision``,
+    ``subfolder``), with the base revision its ``adapter_config.json`` records (peft's ``revision``, which
+    peft's ``AutoPeftModel`` loads the base at too)."""
+    hub_kwargs = {k: kwargs[k] for k in _HUB_KWARGS if k in kwargs}
+    adapter = read_json(name_or_path, ADAPTER_CONFIG_FILE, hub_kwargs, required=False) or {}
+    base = {k: v for k, v in kwargs.items() if k not in _LOCATION_KWARGS}
+    if adapter.get("revision"):
+        base["revision"] = adapter["revision"]
+    return base
+
+
 def load_tokenizer(name_or_path: str, **hub_kwargs: Any) -> Any:
-    """The tokenizer of a checkpoint; a ``peft`` adapter saved without one (peft's default) gets its base model's."""
+    """The tokenizer of a checkpoint; a ``peft`` adapter saved without one (peft's default) gets its base model's.
+
+    ``hub_kwargs``: ``revision``, ``token``, ``trust_remote_code``... as ``AutoTokenizer.from_pretrained`` takes.
+    """
     try:
         return AutoTokenizer.from_pretrained(name_or_path, **hub_kwargs)
     except (OSError, ValueError):
         base = adapter_base_model(name_or_path, **hub_kwargs)
         if base is None:
             raise
-        return AutoTokenizer.from_pretrained(base)
+        return AutoTokenizer.from_pretrained(base, **_base_kwargs(name_or_path, hub_kwargs))
 
 
 def read_model_kind(name_or_path: str, **hub_kwargs: Any) -> tuple[bool, bool]:
@@ -166,8 +183,10 @@ def read_model_kind(name_or_path: str, **hub_kwargs: Any) -> tuple[bool, bool]:
         saved = read_json(name_or_path, ADAPTER_DEFAULTS_FILE, hub_kwargs, required=False) or {}
         if saved.get(DIFFUSION_KEY):
             attention = saved[DIFFUSION_KEY].get("attention")
-            return attention == "block_causal", read_model_kind(base)[1]
-        return read_model_kind(base)
+            return attention == "block_causal", read_model_kind(
+                base, **_base_kwargs(name_or_path, hub_kwargs)
+            )[1]
+        return read_model_kind(base, **_base_kwargs(name_or_path, hub_kwargs))
     raw = read_json(name_or_path, CONFIG_FILE, hub_kwargs, required=False) or {}
     family = get_family(raw.get("model_type"))
     if raw.get(DIFFUSION_KEY):
@@ -176,6 +195,37 @@ def read_model_kind(name_or_path: str, **hub_kwargs: Any) -> tuple[bool, bool]:
         attention = family.attention if family is not None else "bidirectional"
     is_decoder = not any(arch.endswith("ForMaskedLM") for arch in raw.get("architectures") or [])
     return attention == "block_causal", is_decoder
+
+
+def check_pushable_adapter(model: Any) -> None:
+    """Refuse to publish a ``peft`` adapter whose base model is a local folder: its ``adapter_config.json`` names
+    the base by that path, which nobody who downloads the adapter has (peft writes it without a word)."""
+    for config in (getattr(model, "peft_config", None) or {}).values():
+        base = config.base_model_name_or_path
+        if base and os.path.isdir(base):
+            raise ValueError(
+                f"push_to_hub: this adapter's base model is the local folder {base!r}, which its "
+                f"{ADAPTER_CONFIG_FILE} would name and nobody who downloads it can load. Push the base model to "
+                "the Hub first and train from its Hub id, or train without push_to_hub and publish the merged "
+                "model (AutoModelForDiffusionLM.from_pretrained(adapter).merge_and_unload())"
+            )
+
+
+def remote_code_files(folder: str | os.PathLike) -> list[str]:
+    """The ``.py`` files of a saved checkpoint's own code: the modules its ``config.json`` and
+    ``tokenizer_config.json`` name in ``auto_map`` (``module.Class``), and the modules they import relatively."""
+    from transformers.dynamic_module_utils import get_relative_import_files
+
+    found: set[str] = set()
+    for config_file in (CONFIG_FILE, "tokenizer_config.json"):
+        auto_map = (read_json(str(folder), config_file, {}, required=False) or {}).get("auto_map") or {}
+        for refs in auto_map.values():
+            for ref in refs if isinstance(refs, list) else [refs]:
+                # "repo--module.Class" is code in another repo: only files saved here travel with the folder.
+                path = os.path.join(folder, str(ref or "").split("--")[-1].rpartition(".")[0] + ".py")
+                if ref and os.path.isfile(path):
+                    found.update([path, *get_relative_import_files(path)])
+    return sorted(os.path.relpath(path, folder) for path in found)
 
 
 def save_adapter_defaults(model: torch.nn.Module, folder: str | os.PathLike) -> None:
@@ -202,7 +252,7 @@ def _load_adapter(
 
     hub_kwargs = {k: hf_kwargs[k] for k in _HUB_KWARGS if k in hf_kwargs}
     saved = read_json(name_or_path, ADAPTER_DEFAULTS_FILE, hub_kwargs, required=False) or {}
-    base_kwargs = {k: v for k, v in hf_kwargs.items() if k not in _LOCATION_KWARGS}
+    base_kwargs = _base_kwargs(name_or_path, hf_kwargs)
     model = cls.from_pretrained(
         base,
         diffusion_config=diffusion_config or saved.get(DIFFUSION_KEY),
@@ -275,7 +325,7 @@ def _check_model_type(name_or_path: str, raw: dict[str, Any], trust_remote_code:
         f"{name_or_path}: {CONFIG_FILE} has model_type {model_type!r}, which neither transformers nor t3d-trl "
         f"supports. t3d-trl maps the published families {sorted(FAMILIES)} onto native classes; any model_type "
         "transformers knows (llama, qwen2, qwen3, modernbert, ...) loads as it is; a checkpoint that ships its own "
-        "modeling code needs trust_remote_code=True."
+        "modeling code needs trust_remote_code=True (the --trust_remote_code flag of t3d-trl train and collect)."
     )
 
 

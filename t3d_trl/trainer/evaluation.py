@@ -1,7 +1,8 @@
 """The trainer's own metrics and its evaluation: what ``evaluate`` and ``predict`` share.
 
-Loss terms, DDO log-ratios, masked-token accuracy and entropy are recorded per micro-batch (averaged over
-processes) and logged with the trainer's logs; evaluation draws every state as in epoch 0, so evaluations are
+Loss terms, DDO log-ratios, masked-token accuracy and entropy are recorded as sums and counts (of masked tokens,
+or of rows for DDO's terms) over every micro-batch and process, and logged with the trainer's logs as total sum /
+total count, so a metric weighs every token alike whatever the batch size or number of processes; evaluation draws every state as in epoch 0, so evaluations are
 comparable across training, and a dataset passed to ``evaluate`` or ``predict`` is checked and prepared as the
 training set is.
 """
@@ -23,22 +24,34 @@ class MetricsMixin:
     _eval_prefix = "eval"  # metric_key_prefix of the evaluation running: ``log`` names its metrics so
 
     def _init_metrics(self) -> None:
+        # mode -> metric -> [sum, count] since the last log
         self._metrics: dict[str, dict[str, list[float]]] = {
-            "train": defaultdict(list),
-            "eval": defaultdict(list),
+            "train": defaultdict(lambda: [0.0, 0.0]),
+            "eval": defaultdict(lambda: [0.0, 0.0]),
         }
 
-    def _record(self, metrics: dict[str, torch.Tensor], mode: str | None = None) -> None:
+    def _record(self, metrics: dict[str, tuple[torch.Tensor, torch.Tensor]], mode: str | None = None) -> None:
+        """Add this micro-batch's ``(sum, count)`` of each metric, summed over processes (one gather)."""
         mode = mode or ("train" if self.model.training else "eval")
         names = sorted(metrics)
-        values = torch.stack([metrics[n].detach().float().nan_to_num(0.0) for n in names])
-        values = self.accelerator.gather(values.unsqueeze(0)).mean(0)
-        for name, value in zip(names, values.tolist()):
-            self._metrics[mode][name].append(value)
+        values = torch.stack(
+            [
+                torch.stack([total.detach().float().nan_to_num(0.0), count.detach().float()])
+                for total, count in (metrics[n] for n in names)
+            ]
+        )
+        values = self.accelerator.gather(values.unsqueeze(0)).sum(0)
+        for name, (total, count) in zip(names, values.tolist()):
+            recorded = self._metrics[mode][name]
+            recorded[0] += total
+            recorded[1] += count
 
     def _mean_metrics(self, mode: str, prefix: str = "") -> dict[str, float]:
-        """The recorded metrics of ``mode`` averaged (and cleared), their names prefixed."""
-        metrics = {f"{prefix}{k}": sum(v) / len(v) for k, v in self._metrics[mode].items() if v}
+        """The recorded metrics of ``mode`` (total sum / total count; cleared), their names prefixed. A metric
+        that counted nothing since the last log (no DDO state in any row) is left out."""
+        metrics = {
+            f"{prefix}{k}": total / count for k, (total, count) in self._metrics[mode].items() if count
+        }
         self._metrics[mode].clear()
         return metrics
 

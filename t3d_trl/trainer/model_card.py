@@ -75,6 +75,21 @@ def card_settings(args: T3DConfig, block_length: int) -> dict[str, Any]:
     return settings
 
 
+def hub_id(name: str | None) -> str | None:
+    """``name`` when it can be a Hub repo id; ``None`` for a local path (``models/base``, ``c1/traj``) or anything
+    else (``demo:wordsort``): a card's ``base_model``/``datasets`` and their links name Hub repos only."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    if not name or os.path.exists(name):
+        return None
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return None
+    return name
+
+
 def write_model_card(
     output_dir: str,
     *,
@@ -94,13 +109,13 @@ def write_model_card(
     from huggingface_hub import ModelCard, ModelCardData
     from trl.trainer.utils import get_config_model_id
 
-    base_model = get_config_model_id(model_config)
-    base_model = base_model if base_model and not os.path.isdir(base_model) else None
+    base_model = hub_id(get_config_model_id(model_config))
+    dataset_name = hub_id(dataset_name)
     generation = DiffusionGenerationConfig.from_model_config(model_config)
     card = ModelCard.from_template(
         ModelCardData(
             base_model=base_model,
-            datasets=dataset_name,
+            datasets=[dataset_name] if dataset_name else None,
             library_name="transformers",
             tags=["generated_from_trainer", *sorted(tags)],
         ),

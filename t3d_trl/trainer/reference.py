@@ -13,6 +13,7 @@ The frozen teacher that labels student states (``student_state_ratio``) is built
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import os
 from contextlib import contextmanager
@@ -100,15 +101,18 @@ def add_reference_adapter(model: Any) -> str:
 
 
 @contextmanager
-def without_reference_adapter(model: Any):
-    """Hide the ``"ref"`` adapter while ``model`` is saved: saved models hold the trained adapter only (the
-    reference adapter is checkpoint state, in ``t3d_reference.safetensors``)."""
-    config = getattr(model, "peft_config", {}).pop(REF_ADAPTER, None)
+def saving_trained_adapter_only(model: Any, trained: str):
+    """While ``model`` is saved, ``save_pretrained`` writes the ``trained`` adapter only: saved models hold no
+    ``"ref"`` adapter (it is checkpoint state, in ``t3d_reference.safetensors``).
+
+    peft's ``selected_adapters``, not hiding ``"ref"`` from ``peft_config``: peft filters another adapter's
+    tensors out of a saved adapter by the names in ``peft_config``.
+    """
+    model.save_pretrained = functools.partial(model.save_pretrained, selected_adapters=[trained])
     try:
         yield
     finally:
-        if config is not None:
-            model.peft_config[REF_ADAPTER] = config
+        del model.save_pretrained  # the class's method again
 
 
 def build_frozen_copy(trainer: T3DTrainer) -> torch.nn.Module:

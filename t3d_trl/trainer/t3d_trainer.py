@@ -31,7 +31,9 @@ from ..generation.configuration import DiffusionGenerationConfig
 from ..models.auto import (
     ADAPTER_DEFAULTS_FILE,
     AutoModelForDiffusionLM,
+    check_pushable_adapter,
     load_tokenizer,
+    remote_code_files,
     save_adapter_defaults,
 )
 from ..utils import without_checkpointing_deprecation
@@ -46,7 +48,7 @@ from .reference import (
     add_reference_adapter,
     build_frozen_copy,
     copy_parameters,
-    without_reference_adapter,
+    saving_trained_adapter_only,
 )
 from .student_states import chosen_rows, committed_count, make_student_states
 from .t3d_config import REFERENCE_LOSSES, TRAJECTORY_LOSSES, T3DConfig
@@ -131,6 +133,8 @@ class T3DTrainer(MetricsMixin, _BaseTrainer):
         self._max_positions = max_positions(inner)
         self._needs_reference = args.loss_type in REFERENCE_LOSSES
         model = self._wrap_peft(model, peft_config, args)
+        if args.push_to_hub:  # before training: an adapter of a local base loads nowhere else
+            check_pushable_adapter(model)
 
         # Data: trajectories checked against the student, then prepared (data.preparation).
         metadata, self.block_length = self._check_trajectories(train_dataset, args.block_length, args)
@@ -187,7 +191,10 @@ class T3DTrainer(MetricsMixin, _BaseTrainer):
             if is_peft_model(model):
                 raise ValueError("pass either a PeftModel or a peft_config, not both")
             from peft import get_peft_model
+            from transformers.trainer_utils import enable_full_determinism, set_seed
 
+            # The adapter's initialisation is random: seeded as Trainer seeds (later), or runs and ranks differ.
+            (enable_full_determinism if args.full_determinism else set_seed)(args.seed)
             with without_checkpointing_deprecation():  # peft reads a deprecated transformers attribute
                 model = get_peft_model(model, peft_config)
         self._ref_adapter = self._needs_reference and is_peft_model(model)
@@ -429,7 +436,7 @@ class T3DTrainer(MetricsMixin, _BaseTrainer):
             labels=self.args.student_state_labels,
         )
         # A training metric, though the model may still be in eval mode (before training_step's model.train()).
-        self._record({"student_states": chosen.float().mean()}, mode="train")
+        self._record({"student_states": (chosen.sum(), torch.tensor(chosen.numel()))}, mode="train")
         return out
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
@@ -454,7 +461,7 @@ class T3DTrainer(MetricsMixin, _BaseTrainer):
         )
 
         terms: dict[str, torch.Tensor] = {}  # sums, normalised below
-        metrics: dict[str, torch.Tensor] = {}
+        metrics: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # (sum, count) of this batch
         if args.loss_type in REFERENCE_LOSSES:
             ref_selected = self._reference_logits(inputs)[loss_mask].float()
             real_ratio, fake_ratio = losses.ddo_logratios(
@@ -463,9 +470,9 @@ class T3DTrainer(MetricsMixin, _BaseTrainer):
             has_state = loss_mask.any(-1)
             per_seq = losses.ddo_loss(real_ratio, fake_ratio, args.beta, args.fake_weight)
             terms["ddo"] = (per_seq * has_state).sum() / n_seq
-            metrics["loss/ddo"] = (per_seq * has_state).sum() / local[2].clamp_min(1)
-            metrics["logratio/real"] = (real_ratio * has_state).sum() / local[2].clamp_min(1)
-            metrics["logratio/fake"] = (fake_ratio * has_state).sum() / local[2].clamp_min(1)
+            metrics["loss/ddo"] = ((per_seq * has_state).sum(), local[2])
+            metrics["logratio/real"] = ((real_ratio * has_state).sum(), local[2])
+            metrics["logratio/fake"] = ((fake_ratio * has_state).sum(), local[2])
             if args.loss_type == "t3d":
                 step = inputs["path_step"]
                 weights = losses.path_weights(
@@ -473,51 +480,52 @@ class T3DTrainer(MetricsMixin, _BaseTrainer):
                 )
                 path = losses.path_consistency_loss(real, loss_mask, weights, num_items=1)
                 terms["path"] = args.lambda_path * path / n_masked
-                metrics["loss/path"] = path / local[0].clamp_min(1)
+                metrics["loss/path"] = (path, local[0])
         elif args.loss_type == "mdlm":
             total = losses.mdlm_loss(real, loss_mask, inputs["mask_prob"], num_items=1)
             terms["mdlm"] = total / n_target
-            metrics["loss/mdlm"] = total / local[1].clamp_min(1)
+            metrics["loss/mdlm"] = (total, local[1])
         elif args.loss_type == "dparallel":
             total = losses.certainty_forcing_loss(
                 logits, targets, loss_mask, args.certainty_weight, args.certainty_temperature, num_items=1
             )
             ce = losses.trajectory_kl_loss(real, loss_mask, num_items=1)
             terms["dparallel"] = total / n_masked
-            metrics["loss/ce"] = ce / local[0].clamp_min(1)
-            metrics["loss/certainty"] = (total - ce) / local[0].clamp_min(1)
+            metrics["loss/ce"] = (ce, local[0])
+            metrics["loss/certainty"] = (total - ce, local[0])
         else:  # td, redi: forward KL on trajectory or random states
             total = losses.trajectory_kl_loss(real, loss_mask, num_items=1)
             terms[args.loss_type] = total / n_masked
-            metrics[f"loss/{args.loss_type}"] = total / local[0].clamp_min(1)
+            metrics[f"loss/{args.loss_type}"] = (total, local[0])
         loss = sum(terms.values())
 
         with torch.no_grad():
-            metrics["masked_token_accuracy"] = (selected.argmax(-1) == targets[loss_mask]).float().mean()
-            metrics["masked_entropy"] = -(logp_all.exp() * logp_all).sum(-1).mean()
+            correct = (selected.argmax(-1) == targets[loss_mask]).sum()
+            metrics["masked_token_accuracy"] = (correct, local[0])
+            metrics["masked_entropy"] = (-(logp_all.exp() * logp_all).sum(), local[0])
             self._record(metrics)
         return (loss, {"logits": logits}) if return_outputs else loss
 
     # ---- checkpoints (trainer.checkpoints) and the model card -------------------------------------------------
 
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
-        model = self.accelerator.unwrap_model(self.model)
+        model = self.accelerator.unwrap_model(self.model, keep_torch_compile=False)  # the model saved
         if self._ref_adapter:  # saved models hold the trained adapter only
-            with without_reference_adapter(model):
+            with saving_trained_adapter_only(model, self._trained_adapter):
                 super()._save(output_dir, state_dict)
         else:
             super()._save(output_dir, state_dict)
-        if is_peft_model(
-            model
-        ):  # an adapter has no config.json: keep the distilled decoding defaults with it
+        if is_peft_model(model):  # an adapter has no config.json: its distilled decoding defaults go here
             save_adapter_defaults(model, output_dir or self.args.output_dir)
 
     def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
         # transformers copies a fixed list of model files into output_dir and uploads that: an adapter's
-        # decoding defaults must travel with it.
-        defaults = os.path.join(checkpoint_folder, ADAPTER_DEFAULTS_FILE)
-        if self.is_world_process_zero() and os.path.isfile(defaults):
-            shutil.copy(defaults, os.path.join(self.args.output_dir, ADAPTER_DEFAULTS_FILE))
+        # decoding defaults and a checkpoint's own modeling code (auto_map) must travel with it.
+        if self.is_world_process_zero():
+            for name in [ADAPTER_DEFAULTS_FILE, *remote_code_files(checkpoint_folder)]:
+                source = os.path.join(checkpoint_folder, name)
+                if os.path.isfile(source):
+                    shutil.copy(source, os.path.join(self.args.output_dir, name))
         super()._push_from_checkpoint(checkpoint_folder)
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
