@@ -163,17 +163,15 @@ def test_snake_case_flags():
 
 
 def recipe_types(command: str) -> list[type]:
-    from trl import ModelConfig
-
     from t3d_trl.cli.collect import CollectConfig
     from t3d_trl.cli.eval import EvalConfig
-    from t3d_trl.cli.train import TrainDataConfig
+    from t3d_trl.cli.train import TrainDataConfig, TrainModelConfig
     from t3d_trl.demo.quickstart import QuickstartConfig
     from t3d_trl.trainer import T3DConfig
 
     return {
         "collect": [CollectConfig],
-        "train": [ModelConfig, TrainDataConfig, T3DConfig],
+        "train": [TrainModelConfig, TrainDataConfig, T3DConfig],
         "eval": [EvalConfig],
         "quickstart": [QuickstartConfig],
     }[command]

@@ -151,13 +151,18 @@ def test_ctrl_c_says_that_rerunning_resumes(recipe, monkeypatch, capsys):
     path, values = recipe
     real, calls = trajectories._generate_batch, []
 
-    def interrupted_on_second_batch(*args, **kwargs):
+    def interrupted_on_second_and_third_batch(*args, **kwargs):
         calls.append(1)
-        if len(calls) == 2:
+        if len(calls) in (2, 3):
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(trajectories, "_generate_batch", interrupted_on_second_batch)
+    monkeypatch.setattr(trajectories, "_generate_batch", interrupted_on_second_and_third_batch)
+    # Every process of a launch is interrupted: only the first says so.
+    monkeypatch.setenv("RANK", "1")
+    assert main(["collect", "--config", str(path), "--batch_size", "1"]) == 130
+    assert "interrupted" not in capsys.readouterr().err
+    monkeypatch.delenv("RANK")
     try:
         status = main(["collect", "--config", str(path), "--batch_size", "1"])
     except KeyboardInterrupt:
@@ -166,7 +171,7 @@ def test_ctrl_c_says_that_rerunning_resumes(recipe, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "interrupted" in err and "Rerun the same command to resume" in err and values["output_dir"] in err
     assert main(["collect", "--config", str(path), "--batch_size", "1"]) == 0
-    assert len(calls) == 2 + 2  # the rerun decoded only the two batches not yet saved
+    assert len(calls) == 3 + 2  # the rerun decoded only the two batches not yet saved
     assert "3 prompts, 3 trajectories saved" in capsys.readouterr().out
 
 

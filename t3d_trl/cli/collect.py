@@ -207,10 +207,13 @@ def main(argv: list[str]) -> int:
     try:
         run(config)
     except KeyboardInterrupt:
-        print(
-            f"t3d-trl collect: interrupted; the finished batches are kept in {config.output_dir}. "
-            "Rerun the same command to resume.",
-            file=sys.stderr,
-        )
+        from ..data.processes import is_first_process
+
+        if is_first_process():  # every process is interrupted; one line
+            print(
+                f"t3d-trl collect: interrupted; the finished batches are kept in {config.output_dir}. "
+                "Rerun the same command to resume.",
+                file=sys.stderr,
+            )
         return 130
     return 0

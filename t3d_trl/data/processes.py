@@ -25,6 +25,12 @@ def process_group() -> tuple[int, int, Any]:
     return 0, 1, lambda: None
 
 
+def is_first_process() -> bool:
+    """Whether this is rank 0, read from the launcher's environment: safe where no collective may run (an
+    interrupt, which every process receives), so that a message is printed once, not once per process."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
 def smallest_over_processes(value: int) -> int:
     """The smallest of every process's ``value`` (``value`` itself without a process group)."""
     import torch.distributed as dist

@@ -47,7 +47,7 @@ from ..generation.memory import auto_batch_size, peak_memory_gb, reset_peak_memo
 from ..generation.sampler import eos_token_ids, left_pad
 from ..utils import check_process_count
 from ..version import __version__
-from .processes import process_group, smallest_over_processes
+from .processes import is_first_process, process_group, smallest_over_processes
 from .prompts import PromptRow, build_prompts, check_known_tokens, drop_long_prompts
 from .schema import TrajectoryMetadata
 from .shards import (
@@ -423,12 +423,13 @@ class _BatchRun:
                 bar.set_postfix(tokens_per_s=f"{new_tokens / (time.perf_counter() - start):.1f}")
         except KeyboardInterrupt:
             written = sum(shard_path(self.output_dir, i).exists() for i in range(num_batches))
-            logger.warning(
-                "interrupted: %d of %d batches are saved in %s; the same call with the same output_dir resumes",
-                written,
-                num_batches,
-                self.output_dir / SHARD_DIR,
-            )
+            if is_first_process():  # every process is interrupted; one message
+                logger.warning(
+                    "interrupted: %d of %d batches are saved in %s; the same call with the same output_dir resumes",
+                    written,
+                    num_batches,
+                    self.output_dir / SHARD_DIR,
+                )
             raise
         finally:
             bar.close()
