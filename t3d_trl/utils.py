@@ -107,6 +107,22 @@ CPU_PROCESSES_HELP = (
 )
 
 
+def resolve_dtype(dtype: Any) -> Any:
+    """A weights dtype as given by a user: ``"auto"`` and ``None`` as they are, a name (``"bfloat16"``) or a
+    ``torch.dtype`` as the ``torch.dtype``. Only the dtypes a model's weights can be cast to are accepted (float8
+    needs scales); anything else is refused here, before a model loads, in one message."""
+    if dtype is None or dtype == "auto":
+        return dtype
+    import torch
+
+    resolved = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
+    if resolved not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        raise ValueError(
+            f"dtype must be 'auto' or a floating-point torch dtype such as 'bfloat16', got {dtype!r}"
+        )
+    return resolved
+
+
 def launched_processes() -> int:
     """How many processes a launcher (torchrun, accelerate, MPI) says it started; 1 without one."""
     return max(int(os.environ.get(name) or 1) for name in _WORLD_SIZE_VARIABLES)

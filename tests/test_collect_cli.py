@@ -83,8 +83,9 @@ def test_unknown_recipe_key_fails(recipe, capsys):
 def test_config_requires_model_dataset_output():
     with pytest.raises(ValueError, match="model_name_or_path, dataset_name, output_dir"):
         CollectConfig()
-    with pytest.raises(ValueError, match="dtype"):
-        CollectConfig(model_name_or_path="m", dataset_name="d", output_dir="o", dtype="bfloat17")
+    for bad in ("bfloat17", "int64"):  # a torch dtype, but no model's weights are cast to it
+        with pytest.raises(ValueError, match=f"floating-point torch dtype such as 'bfloat16', got '{bad}'"):
+            CollectConfig(model_name_or_path="m", dataset_name="d", output_dir="o", dtype=bad)
     config = CollectConfig(
         model_name_or_path="m", dataset_name="d", output_dir="o", max_new_tokens=16, block_length=4, steps=8
     )

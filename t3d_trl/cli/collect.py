@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..generation.configuration import OUTPUT_FIELDS, DiffusionGenerationConfig
-from ..utils import DATA_FILE_BUILDERS, load_data_file, load_data_folder
+from ..utils import DATA_FILE_BUILDERS, load_data_file, load_data_folder, resolve_dtype
 from .checks import check_dataset_source
 from .parsing import parse_recipe
 
@@ -99,22 +99,13 @@ class CollectConfig(DiffusionGenerationConfig):
             raise ValueError(f"collect needs {', '.join(missing)} (in the recipe or as flags)")
         if self.push_to_hub and not self.hub_model_id:
             raise ValueError("push_to_hub=True needs hub_model_id")
-        if self.dtype != "auto" and not _is_torch_dtype(self.dtype):
-            raise ValueError(
-                f"dtype must be 'auto' or a torch dtype name such as 'bfloat16', got {self.dtype!r}"
-            )
+        resolve_dtype(self.dtype)  # refused here, not once the teacher loads
 
     def generation_config(self) -> DiffusionGenerationConfig:
         """The decoding settings alone."""
         return DiffusionGenerationConfig(
             **{f.name: getattr(self, f.name) for f in fields(DiffusionGenerationConfig)}
         )
-
-
-def _is_torch_dtype(name: str) -> bool:
-    import torch
-
-    return isinstance(getattr(torch, name, None), torch.dtype)
 
 
 DEMO_PREFIX = "demo:"
@@ -150,7 +141,6 @@ def _math_checker() -> Any:
 
 def run(config: CollectConfig) -> datasets.Dataset:
     """Collect (and optionally push) the trajectories a :class:`CollectConfig` describes; prints the summary line."""
-    import torch
 
     from ..data.hub import push_trajectories_to_hub
     from ..data.processes import process_group
@@ -162,9 +152,7 @@ def run(config: CollectConfig) -> datasets.Dataset:
     check_model_source(config.model_name_or_path, revision=config.model_revision)  # before the teacher loads
     if config.limit is not None:
         source = source.select(range(min(config.limit, len(source))))
-    model_kwargs: dict[str, Any] = {
-        "dtype": config.dtype if config.dtype == "auto" else getattr(torch, config.dtype)
-    }
+    model_kwargs: dict[str, Any] = {"dtype": resolve_dtype(config.dtype)}
     tokenizer = config.tokenizer_name_or_path
     if config.trust_remote_code:  # collect_trajectories loads a tokenizer by name without it
         model_kwargs["trust_remote_code"] = True

@@ -78,14 +78,14 @@ def _load(data: TrainDataConfig, split: str, loss_type: str) -> Any:
 
 def run(model_args: TrainModelConfig, data: TrainDataConfig, args: Any) -> str:
     """Train as the recipe says; returns the output directory."""
-    import torch
     from trl import get_peft_config
 
     from ..models.auto import AutoModelForDiffusionLM, load_tokenizer
     from ..trainer import T3DTrainer
+    from ..utils import resolve_dtype
 
     name = model_args.model_name_or_path
-    dtype = model_args.dtype if model_args.dtype in (None, "auto") else getattr(torch, model_args.dtype)
+    dtype = resolve_dtype(model_args.dtype)
     hub_kwargs = {"revision": model_args.model_revision, "trust_remote_code": model_args.trust_remote_code}
     kwargs = {**hub_kwargs, "dtype": dtype}
     if model_args.attn_implementation is not None:

@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, PretrainedConfig
 from transformers.utils.hub import convert_file_size_to_int
 
+from ..utils import resolve_dtype
 from .families import FAMILIES, ModelFamily, get_family
 from .families.base import CONFIG_FILE, GENERATION_CONFIG_FILE, hub_file, read_json
 
@@ -124,11 +125,7 @@ def convert_checkpoint(
         )
     config = family.native_config(raw)
     if dtype is not None:
-        resolved = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
-        # The dtypes a plain cast keeps the weights in (float8 needs scales; the cast fails inside safetensors).
-        if resolved not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
-            raise ValueError(f"dtype must be a floating-point torch dtype such as 'bfloat16', got {dtype!r}")
-        dtype = config.dtype = resolved
+        dtype = config.dtype = resolve_dtype(dtype)
     tokenizer = family.load_tokenizer(src, config, hub_kwargs)
     family.diffusion_config(raw, tokenizer).save_to_model_config(config)
     generation_json = read_json(src, GENERATION_CONFIG_FILE, hub_kwargs, required=False)
