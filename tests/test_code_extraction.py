@@ -59,6 +59,25 @@ def test_extract_code_by_entry_point() -> None:
         extract_code(completion, "not a name")
 
 
+def test_an_indented_fence_loses_its_indent() -> None:
+    # A fence nested in a list item indents its content as much (CommonMark): that indent is not the code's.
+    solution = "def add(a, b):\n    return a + b\n"
+    nested = "".join("   " + line + "\n" for line in solution.splitlines())
+    completion = (
+        f"Steps:\n\n1. The function:\n   ```python\n{nested}   ```\n"
+        "2. Use it:\n   ```python\n   print(add(1, 2))\n   ```\n"
+    )
+    assert extract_code(completion, "add") == solution
+    assert extract_code(completion, "add", rule="last_block") == "print(add(1, 2))\n"
+    # Unclosed (cut at the token budget), and cut inside the function: the definition line is still found.
+    assert extract_code(f"1. Here:\n   ```python\n{nested}", "add") == solution
+    cut = "1. Here:\n   ```python\n   def add(a, b):\n       return (a +"
+    assert extract_code(cut, "add") == "def add(a, b):\n    return (a +"
+    # Only the fence's indent goes: a HumanEval body in an unindented fence keeps the indent it needs.
+    assert extract_code("```python\n    return a + b\n```", "add") == "    return a + b\n"
+    assert extract_code("- item\n  ```python\n      return a + b\n  ```") == "    return a + b\n"
+
+
 def test_entry_point_from_tests() -> None:
     assert entry_point_from_tests(["assert set(similar((3, 4), (5, 4))) == set((4, 5))"]) == "similar"
     assert entry_point_from_tests(["assert math.isclose(area(2), 12.56, rel_tol=0.001)"]) == "area"

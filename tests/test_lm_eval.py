@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from t3d_trl.cli.main import COMMANDS
 from t3d_trl.cli.main import main as cli_main
 from t3d_trl.demo import get_task
 from t3d_trl.demo.quickstart import PACKAGED_TEACHERS
-from t3d_trl.evaluation.benchmarks import Benchmark, list_benchmarks
+from t3d_trl.evaluation.benchmarks import BENCHMARKS, Benchmark
 from t3d_trl.evaluation.runner import generate_completions
 from t3d_trl.integrations.lm_eval import DiffusionLM
 
@@ -32,6 +33,15 @@ def task_dir(monkeypatch):
     # The task YAMLs name their jsonl files relative to this folder, as a user's own task folder would.
     monkeypatch.chdir(TASKS)
     return TaskManager(include_path=str(TASKS), include_defaults=False)
+
+
+def test_decoding_stats_without_measured_time_give_a_nan_throughput(tokenizer):
+    # One throughput everywhere (t3d_trl.evaluation.metrics.throughput): NaN when no time was measured.
+    lm = DiffusionLM(build_bidirectional_model(tokenizer), tokenizer=tokenizer, device="cpu")
+    lm.stats.update(samples=2, tokens=10, nfe=5, seconds=0.0)
+    assert math.isnan(lm.decoding_stats()["tokens_per_second"])
+    lm.stats.update(seconds=4.0)
+    assert lm.decoding_stats()["tokens_per_second"] == 2.5
 
 
 @pytest.mark.parametrize("build", [build_bidirectional_model, build_block_causal_model])
@@ -119,7 +129,7 @@ def test_demo_teacher_scores_what_t3d_trl_eval_says(tmp_path, task_dir, capsys):
     argv += ["--block_lengths", "8", "--tokens_per_step", "4", "--output_dir", str(tmp_path / "eval")]
     with registered_benchmark("lm-eval-demo-sort2", benchmark):
         assert cli_main(argv) == 0
-    assert "lmevaldemosort2" not in list_benchmarks()  # removed again: no registration leaks into later tests
+    assert "lmevaldemosort2" not in BENCHMARKS  # removed again: no registration leaks into later tests
     (run,) = json.loads((tmp_path / "eval" / "results.json").read_text())["results"]
     records = [json.loads(line) for line in (tmp_path / "eval" / run["samples_file"]).open()]
     assert {r["id"]: r["completion"] for r in records} == lm_eval_completions

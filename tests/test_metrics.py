@@ -11,6 +11,7 @@ import pytest
 
 from t3d_trl.evaluation.metrics import (
     accuracy,
+    aggregate_seeds,
     estimate_pass_at_k,
     mean_latency,
     mean_nfe,
@@ -19,6 +20,7 @@ from t3d_trl.evaluation.metrics import (
     pass_at_k,
     pass_at_k_from_records,
     summarize_records,
+    throughput,
     tokens_per_second,
 )
 
@@ -128,9 +130,19 @@ def test_record_aggregates_errors() -> None:
         accuracy([{"passed": True}])
     with pytest.raises(TypeError):
         mean_nfe([{"nfe": "four"}])
-    with pytest.raises(ValueError):
-        tokens_per_second([{"num_tokens": 3, "latency": 0.0}])
+    assert math.isnan(tokens_per_second([{"num_tokens": 3, "latency": 0.0}]))  # no measured time
     assert summarize_records([{"correct": False}]) == {"num_samples": 1.0, "accuracy": 0.0}
+
+
+def test_throughput_is_nan_without_measured_time() -> None:
+    assert throughput(6, 2.0) == 3.0
+    assert math.isnan(throughput(6, 0.0)) and math.isnan(throughput(0, -1.0))
+    # A seed without measured time makes the mean NaN instead of failing the whole aggregate.
+    aggregated = aggregate_seeds(
+        [{"accuracy": 0.5, "tokens_per_second": 2.0}, {"accuracy": 1.0, "tokens_per_second": math.nan}]
+    )
+    assert aggregated["accuracy"] == 0.75 and math.isnan(aggregated["tokens_per_second"])
+    assert math.isnan(aggregated["tokens_per_second_std"])
 
 
 def test_pass_at_k_from_records() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -13,14 +14,10 @@ from testing_utils import BENCHMARK_ROWS, build_block_causal_model, registered_b
 
 from t3d_trl import DiffusionGenerationConfig, DiffusionGenerationOutput
 from t3d_trl.data.prompts import render_prompt
+from t3d_trl.evaluation import runner
 from t3d_trl.evaluation.benchmarks import BENCHMARKS, Benchmark, get_benchmark, register_benchmark
-from t3d_trl.evaluation.runner import (
-    DecodingSetting,
-    evaluate_model,
-    generate_completions,
-    grid_settings,
-    run_grid,
-)
+from t3d_trl.evaluation.grid import DecodingSetting, grid_settings
+from t3d_trl.evaluation.runner import Generations, evaluate_model, generate_completions, run_grid
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -106,6 +103,39 @@ def test_metrics_of_scripted_completions(tokenizer, benchmark_files):
         model, tokenizer, "gsm8k", data_files=benchmark_files["gsm8k"], warmup=False, progress=False
     )
     assert len(model.batches) == 3
+
+
+def test_code_samples_keep_their_sandbox_status(tokenizer, benchmark_files):
+    # Why a code sample failed is in its record (the checker's own ``error`` stays None: it did not raise).
+    scripts = {
+        "add two numbers": "```python\nimport sys\ndef add(a, b):\n    return a + b\nsys.exit(0)\n```",
+        "square root": "```python\nimport math\ndef isqrt(n):\n    return math.isqrt(n)\n```",
+    }
+    model = ScriptedModel(tokenizer, scripts)
+    config = model.diffusion_generation_config.update(max_new_tokens=80)
+    result = evaluate_model(
+        model, tokenizer, "mbpp", config, data_files=benchmark_files["mbpp"], progress=False
+    )
+    records = [dataclasses.asdict(r) for r in result.records]
+    assert [(r["correct"], r["error"], r["sandbox_status"]) for r in records] == [
+        (False, None, "exited"),
+        (True, None, "passed"),
+    ]
+    assert records[0]["sandbox_error"] == "SystemExit(0)" and records[1]["sandbox_error"] is None
+    gsm8k = evaluate_model(
+        ScriptedModel(tokenizer, GSM8K_SCRIPTS),
+        tokenizer,
+        "gsm8k",
+        data_files=benchmark_files["gsm8k"],
+        progress=False,
+    )
+    assert [(r.sandbox_status, r.sandbox_error) for r in gsm8k.records] == [(None, None)] * 2
+
+
+def test_throughput_without_measured_time_is_nan():
+    out = Generations(["p"], ["c"], num_tokens=[3], nfe=[1], finished=[True], latency=[0.0])
+    assert math.isnan(out.tokens_per_second)
+    assert Generations(["p"], ["c"], [3], [1], [True], [1.5]).tokens_per_second == 2.0
 
 
 def test_batching_sorts_by_length_and_keeps_the_order(tokenizer):
@@ -238,6 +268,8 @@ def test_real_tiny_model_matches_direct_generation(tokenizer, benchmark_files):
 
 
 def test_grid_settings():
+    # The runner keeps re-exporting them (their old import path).
+    assert runner.DecodingSetting is DecodingSetting and runner.grid_settings is grid_settings
     settings = grid_settings([4, 8], [2, 8], [0.9])
     assert [s.label for s in settings] == [
         "block4-tokps2",

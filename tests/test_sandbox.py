@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 import textwrap
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from testing_utils import process_exited
 
-from t3d_trl.evaluation import sandbox_child
+from t3d_trl.evaluation import sandbox, sandbox_child
 from t3d_trl.evaluation.sandbox import (
     STATUSES,
     ExecutionResult,
@@ -19,6 +20,7 @@ from t3d_trl.evaluation.sandbox import (
     check_codes,
     run_program,
     run_programs,
+    usable_cpus,
 )
 
 pytestmark = pytest.mark.subprocess  # every program runs in its own interpreter
@@ -262,7 +264,7 @@ def test_bad_arguments() -> None:
 
 def test_the_child_is_the_sandbox_child_module_and_keeps_the_token_to_itself() -> None:
     # The program runs under the real module file (linted and tested like the rest), whose globals hold no
-    # token: only main()'s locals do.
+    # token (nor does any frame's locals: see the next test).
     program = (
         "import sys\n"
         "main = sys.modules['__main__']\n"
@@ -274,6 +276,74 @@ def test_the_child_is_the_sandbox_child_module_and_keeps_the_token_to_itself() -
     path, secrets = result.stdout.splitlines()
     assert os.path.realpath(path) == os.path.realpath(sandbox_child.__file__)
     assert secrets == "[]"
+
+
+FORGE_FROM_FRAMES = """
+import os, re, sys
+def add(a, b):
+    return a - b
+# Look for the report's token in every frame's locals (and what they hold), as the harness's own main() once
+# kept it there; then write a forged "passed" report to the result fd.
+found = []
+frame = sys._getframe()
+while frame is not None:
+    for name, value in list(frame.f_locals.items()):
+        cells = getattr(value, "__closure__", None) or ()
+        for v in [value, *(getattr(value, "__defaults__", None) or ()), *(c.cell_contents for c in cells)]:
+            if isinstance(v, bytes) and re.fullmatch(rb"[0-9a-f]{32}\\n?", v):  # secrets.token_hex(16)
+                found.append(v.rstrip(b"\\n"))
+    frame = frame.f_back
+fds = [int(fd) for fd in os.listdir("/proc/self/fd") if int(fd) > 2]
+for token in found:
+    for fd in fds:
+        try:
+            os.write(fd, token + b"\\npassed\\n")
+        except OSError:
+            pass
+print("tokens found:", len(found), flush=True)
+os._exit(0)
+"""
+
+
+def test_a_program_cannot_forge_a_pass_from_the_harness_frames() -> None:
+    # The auditor's program: walk back to the frame that holds 'token' and write token + "passed" with it.
+    forge = (
+        "import os, sys\ndef add(a, b):\n    return a - b\nf = sys._getframe()\n"
+        "while 'token' not in f.f_locals: f = f.f_back\nL = f.f_locals\n"
+        "os.write(L['result_fd'], L['token'] + b'\\npassed\\n')\nos._exit(0)\n"
+    )
+    result = check_code(forge, ["assert add(1, 2) == 3"])
+    assert not result.passed and result.status == "failed"  # no frame has a 'token' local: AttributeError
+    result = check_code(FORGE_FROM_FRAMES, ["assert add(1, 2) == 3"])
+    assert not result.passed and result.status == "exited", (result.status, result.stdout)
+    assert result.stdout == "tokens found: 0\n"
+
+
+def test_extraction_none_runs_the_program_as_given() -> None:
+    # HumanEval's checker assembles prompt + code itself: a second extraction must not cut it again.
+    program = "def add(a, b):\n    return a + b\n\nprint(add("
+    assert check_code(program, GOOD_TESTS).status == "passed"  # extracted: the unparsable line is dropped
+    result = check_code(program, GOOD_TESTS, extraction=None)
+    assert result.status == "failed" and result.error.startswith("SyntaxError")
+    assert check_codes([" \n"], [GOOD_TESTS], extraction=None)[0].status == "no_code"
+
+
+def test_default_workers_are_the_usable_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    if not hasattr(os, "sched_getaffinity"):
+        pytest.skip("no CPU affinity on this platform")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    assert usable_cpus() == 1
+    seen: list[int] = []
+    real_pool = sandbox.ThreadPoolExecutor
+
+    def pool(max_workers: int) -> ThreadPoolExecutor:
+        seen.append(max_workers)
+        return real_pool(max_workers=max_workers)
+
+    monkeypatch.setattr(sandbox, "ThreadPoolExecutor", pool)
+    assert [r.status for r in run_programs(["pass", "pass"])] == ["passed", "passed"]
+    assert not seen  # one usable CPU: run one after the other, not 64 at once
 
 
 def test_the_child_imports_only_the_standard_library() -> None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import ast
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -31,7 +31,7 @@ from ..data.prompts import format_user_message
 from ..utils import MissingKeyError, load_data_file
 from .code_extraction import CODE_EXTRACTION_RULES, CodeExtraction, completion_code
 from .math_checker import check_math
-from .sandbox import check_codes
+from .sandbox import ExecutionResult, check_codes
 
 logger = logging.getLogger(__name__)
 
@@ -39,9 +39,9 @@ __all__ = [
     "BENCHMARKS",
     "Benchmark",
     "Checker",
+    "Verdicts",
     "check_safely",
     "get_benchmark",
-    "list_benchmarks",
     "load_rows",
     "math_checker",
     "humaneval_checker",
@@ -52,6 +52,32 @@ __all__ = [
 Example = dict[str, Any]
 #: ``checker(completions, examples) -> one bool per completion`` (batched so that code runs in parallel).
 Checker = Callable[[Sequence[str], Sequence[Mapping[str, Any]]], list[bool]]
+
+
+class Verdicts(list[bool]):
+    """A checker's verdicts, one bool per completion (a ``list``), that also say how the sandbox ended each
+    code sample: ``statuses[i]`` (one of :data:`~t3d_trl.evaluation.sandbox.STATUSES`, e.g. ``"timeout"``)
+    and ``errors[i]`` (its one-line error, e.g. ``"AssertionError: ..."``), ``None`` where unknown. The code
+    checkers return one; a plain list of bools is a valid checker result too (then both are all ``None``)."""
+
+    def __init__(
+        self,
+        verdicts: Iterable[Any] = (),
+        statuses: Sequence[str | None] | None = None,
+        errors: Sequence[str | None] | None = None,
+    ) -> None:
+        super().__init__(bool(v) for v in verdicts)
+        self.statuses: list[str | None] = [None] * len(self) if statuses is None else list(statuses)
+        self.errors: list[str | None] = [None] * len(self) if errors is None else list(errors)
+        if not len(self.statuses) == len(self.errors) == len(self):
+            raise ValueError(
+                f"got {len(self.statuses)} statuses and {len(self.errors)} errors for {len(self)} verdicts"
+            )
+
+    @classmethod
+    def from_results(cls, results: Sequence[ExecutionResult]) -> Verdicts:
+        """The verdicts of sandbox runs (:func:`~t3d_trl.evaluation.sandbox.check_codes`)."""
+        return cls([r.passed for r in results], [r.status for r in results], [r.error for r in results])
 
 
 # ------------------------------------------------------------------------------------------------ checkers
@@ -79,19 +105,21 @@ def mbpp_checker(
 ) -> list[bool]:
     """MBPP: the completion's code, then ``test_imports`` and every ``assert`` of ``tests``.
 
-    The code is found by the ``extraction`` rule (:func:`t3d_trl.evaluation.sandbox.extract_code`; the
-    entry point is the function the asserts call). Programs run in parallel in the sandbox
+    The code is found by the ``extraction`` rule (:func:`t3d_trl.evaluation.code_extraction.extract_code`;
+    the entry point is the function the asserts call). Programs run in parallel in the sandbox
     (:func:`t3d_trl.evaluation.sandbox.check_codes`); a task passes only if all its asserts do.
     ``sandbox_kwargs`` (``timeout``, ``memory_mb``, ``num_workers``...) go to the sandbox; bind them with
-    :func:`functools.partial` to make a checker with other limits.
+    :func:`functools.partial` to make a checker with other limits. Returns :class:`Verdicts` (with each
+    program's sandbox status).
     """
     tests = [
         _string_list(example.get("test_imports") or [], "test_imports")
         + _string_list(example["tests"], "tests")
         for example in examples
     ]
-    results = check_codes(list(completions), tests, extraction=extraction, **sandbox_kwargs)
-    return [result.passed for result in results]
+    return Verdicts.from_results(
+        check_codes(list(completions), tests, extraction=extraction, **sandbox_kwargs)
+    )
 
 
 def humaneval_checker(
@@ -104,7 +132,8 @@ def humaneval_checker(
 
     The prompt (imports, helpers and the documented signature) comes first so that a completion may either
     redefine the whole function or continue its body, as chat models do both. The code is found by the
-    ``extraction`` rule, looking for the problem's ``entry_point``.
+    ``extraction`` rule, looking for the problem's ``entry_point``, once: the assembled program runs whole (as
+    MBPP's does), so a line that does not parse fails it on both benchmarks. Returns :class:`Verdicts`.
     """
     programs = []
     for completion, example in zip(completions, examples):
@@ -114,10 +143,10 @@ def humaneval_checker(
         programs,
         [example["tests"] for example in examples],
         [example["entry_point"] for example in examples],
-        extraction=extraction,
+        extraction=None,  # already extracted: a second pass would drop the lines of the code that do not parse
         **sandbox_kwargs,
     )
-    return [result.passed for result in results]
+    return Verdicts.from_results(results)
 
 
 # ------------------------------------------------------------------------------------------------ loading
@@ -162,7 +191,7 @@ class Benchmark:
         rows: optional ``() -> rows``: a benchmark generated in code (the demo tasks), read instead of the Hub.
         code_extraction: code benchmarks only: how code is cut out of a completion, passed to the checker as
             ``extraction=``: ``"entry_point"`` (evalplus-like, the default of MBPP and HumanEval) or
-            ``"last_block"`` (the paper's rule); see :func:`t3d_trl.evaluation.sandbox.extract_code`.
+            ``"last_block"`` (the paper's rule); see :func:`t3d_trl.evaluation.code_extraction.extract_code`.
             ``None``: the checker takes no such argument.
     """
 
@@ -248,17 +277,20 @@ class Benchmark:
         """The user message for an example (before the chat template)."""
         return format_user_message(self.prompt_template, example)
 
-    def check(self, completions: Sequence[str], examples: Sequence[Mapping[str, Any]]) -> list[bool]:
-        """One bool per completion: judged correct against its example."""
+    def check(self, completions: Sequence[str], examples: Sequence[Mapping[str, Any]]) -> Verdicts:
+        """One bool per completion: judged correct against its example (with the sandbox status of code
+        samples, :class:`Verdicts`)."""
         if len(completions) != len(examples):
             raise ValueError(f"got {len(completions)} completions for {len(examples)} examples")
         options = {} if self.code_extraction is None else {"extraction": self.code_extraction}
-        results = list(self.checker(list(completions), list(examples), **options))
+        results = self.checker(list(completions), list(examples), **options)
+        if not isinstance(results, Verdicts):
+            results = Verdicts(results)
         if len(results) != len(completions):
             raise ValueError(
                 f"checker of {self.name!r} returned {len(results)} results for {len(completions)} completions"
             )
-        return [bool(r) for r in results]
+        return results
 
 
 # ------------------------------------------------------------------------------------------------ registry
@@ -300,11 +332,6 @@ def get_benchmark(name: str | Benchmark) -> Benchmark:
             "'_' optional; your own: --benchmark_modules)"
         )
     return benchmark
-
-
-def list_benchmarks() -> list[str]:
-    """Names of the registered benchmarks."""
-    return list(BENCHMARKS)
 
 
 def _mbpp_problem(example: Example) -> Example:
@@ -364,12 +391,13 @@ register_benchmark(
 
 def check_safely(
     benchmark: Benchmark, completions: Sequence[str], examples: Sequence[Mapping[str, Any]]
-) -> tuple[list[bool], list[str | None]]:
+) -> tuple[Verdicts, list[str | None]]:
     """``benchmark.check``, where a checker that raises fails only the samples it raises on.
 
     The batched call comes first; if it raises, each sample is checked alone, and one that still raises is
     judged incorrect with the error kept (``ExceptionType: message``), so that one bad item does not throw
-    away the run. Returns the verdicts and the errors (``None`` where there was none).
+    away the run. Returns the verdicts (:class:`Verdicts`: with the sandbox status of code samples) and the
+    checker's errors (``None`` where it did not raise).
     """
     try:
         return benchmark.check(completions, examples), [None] * len(completions)
@@ -381,13 +409,20 @@ def check_safely(
             len(completions),
         )
     correct: list[bool] = []
+    statuses: list[str | None] = []
+    sandbox_errors: list[str | None] = []
     errors: list[str | None] = []
     for completion, example in zip(completions, examples):
         try:
-            correct.append(benchmark.check([completion], [example])[0])
+            verdict = benchmark.check([completion], [example])
+            correct.append(verdict[0])
+            statuses.append(verdict.statuses[0])
+            sandbox_errors.append(verdict.errors[0])
             errors.append(None)
         except Exception as err:  # noqa: BLE001
             correct.append(False)
+            statuses.append(None)
+            sandbox_errors.append(None)
             errors.append(f"{type(err).__name__}: {err}")
     failed = sum(e is not None for e in errors)
     if failed:
@@ -396,4 +431,4 @@ def check_safely(
             benchmark.name,
             failed,
         )
-    return correct, errors
+    return Verdicts(correct, statuses, sandbox_errors), errors

@@ -26,22 +26,35 @@ _PYTHON_TAGS = {"python", "py", "python3", "py3"}
 #: How code is cut out of a completion (:func:`extract_code`): evalplus-like, or the paper's last block.
 CODE_EXTRACTION_RULES = ("entry_point", "last_block")
 CodeExtraction = Literal["entry_point", "last_block"]
-_FENCED_BLOCK_RE = re.compile(r"```([^\n`]*)\n(.*?)```", re.DOTALL)
+# The blanks before a fence that starts its line (group 1) are its indent (a fence nested in a list item).
+_FENCED_BLOCK_RE = re.compile(r"(^[ \t]*)?```([^\n`]*)\n(.*?)```", re.DOTALL | re.MULTILINE)
+
+
+def _unindent(body: str, indent: int) -> str:
+    """``body`` with up to ``indent`` leading blanks removed from each line, as CommonMark reads a fence
+    indented by ``indent``: its content is indented as much. Not a full dedent: a HumanEval body in an
+    unindented fence keeps the indent that makes it continue the prompt's function."""
+    if not indent:
+        return body
+    return "\n".join(line[min(indent, len(line) - len(line.lstrip(" \t"))) :] for line in body.split("\n"))
 
 
 def _fenced_blocks(completion: str) -> list[tuple[str, str]]:
-    """``(language tag, body)`` of every fenced block, in order; an unclosed last fence runs to the end."""
+    """``(language tag, body)`` of every fenced block, in order; an unclosed last fence runs to the end. The
+    body of an indented fence loses that indent (:func:`_unindent`)."""
     blocks: list[tuple[str, str]] = []
     end = 0
     for match in _FENCED_BLOCK_RE.finditer(completion):
-        blocks.append((match.group(1).strip().lower(), match.group(2)))
+        blocks.append((match.group(2).strip().lower(), _unindent(match.group(3), len(match.group(1) or ""))))
         end = match.end()
     tail = completion[end:]
     fence = tail.find("```")
     if fence != -1:
         header, newline, body = tail[fence + 3 :].partition("\n")
         if newline and "`" not in header:
-            blocks.append((header.strip().lower(), body))
+            before = tail[tail.rfind("\n", 0, fence) + 1 : fence]
+            indent = len(before) if not before.strip(" \t") else 0
+            blocks.append((header.strip().lower(), _unindent(body, indent)))
     return blocks
 
 

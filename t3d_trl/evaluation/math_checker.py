@@ -41,7 +41,6 @@ MAIN_THREAD_TIMEOUT_S = 5
 
 _BOXED_COMMANDS = ("\\boxed", "\\fbox")
 _NUMBER = r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|-?\.\d+"
-_NUMBER_RE = re.compile(_NUMBER)
 _LAST_NUMBER_RE = re.compile(rf"(?:{_NUMBER})(?:\s*/\s*\d+)?")
 _THOUSANDS_RE = re.compile(r"^-?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
 # "12 apples", "5 dollars.", "3.5 cm": a number followed by plain words only (no LaTeX).

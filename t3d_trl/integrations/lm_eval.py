@@ -51,6 +51,7 @@ from lm_eval.api.registry import register_model
 from tqdm.auto import tqdm
 
 from ..data.collator import DataCollatorForDiffusion, diffusion_attention_mask
+from ..evaluation.metrics import throughput
 from ..evaluation.runner import generate_completions, load_model
 from ..generation.configuration import OUTPUT_FIELDS, DiffusionGenerationConfig
 from ..generation.guidance import guide_logits
@@ -333,7 +334,8 @@ class DiffusionLM(TemplateLM):
 
         ``mean_nfe``: denoising forward passes per sample; ``tokens_per_second``: generated tokens (up to the first
         EOS) per second inside ``diffusion_generate``, per process (all tokens over all processes' decoding
-        time); ``tokens_per_step``: generated tokens per forward pass.
+        time; NaN without measured time, :func:`t3d_trl.evaluation.metrics.throughput`); ``tokens_per_step``:
+        generated tokens per forward pass.
         """
         s = self.stats
         if not s["samples"]:
@@ -342,7 +344,7 @@ class DiffusionLM(TemplateLM):
             "samples": int(s["samples"]),
             "mean_nfe": s["nfe"] / s["samples"],
             "mean_output_length": s["tokens"] / s["samples"],
-            "tokens_per_second": s["tokens"] / s["seconds"] if s["seconds"] > 0 else float("nan"),
+            "tokens_per_second": throughput(s["tokens"], s["seconds"]),
             "tokens_per_step": s["tokens"] / s["nfe"] if s["nfe"] else float("nan"),
         }
 

@@ -3,7 +3,7 @@
 import datasets
 import evaluate
 
-from t3d_trl.evaluation.metrics import pass_at_k
+from t3d_trl.evaluation.metrics import estimate_pass_at_k
 from t3d_trl.evaluation.sandbox import check_codes
 
 _DESCRIPTION = """
@@ -27,7 +27,7 @@ Args:
         every task.
     entry_points (`list` of `str`, optional): HumanEval-style entry points; `check(<entry_point>)`
         is called after the tests.
-    num_workers (`int`, optional): programs run in parallel (default: number of CPUs).
+    num_workers (`int`, optional): programs run in parallel (default: the CPUs this process may use).
     timeout (`float`, default 10.0): wall-clock seconds per program.
     memory_mb (`int`, default 1024): address-space limit per program, in MiB.
 Returns:
@@ -109,7 +109,7 @@ class CodePassAtK(evaluate.Metric):
             correct[task] += int(result.passed)
         scores = {}
         for value in ks:
-            per_task = [pass_at_k(len(c), n_ok, value) for c, n_ok in zip(predictions, correct)]
+            per_task = estimate_pass_at_k([len(c) for c in predictions], correct, value)
             scores[f"pass@{value}"] = sum(per_task) / len(per_task)
         scores["num_tasks"] = len(predictions)
         return scores
