@@ -33,11 +33,12 @@ example the whole runs of an earlier, shorter study, copied in) is a point of th
 
 Every (seed, model) result is written to ``OUTPUT/results/seed<S>/<name>.json`` (``OUTPUT/tuning/...`` for the
 grid) as soon as it is measured and reused on a rerun, so a study resumes (a rerun asking for another rate,
-temperature, number of trajectories, batch size or checkpoints stops and names the results that differ, rather
-than mixing them into its means); ``--workers`` trains that many models at once (one single-threaded process
-each; by default one per core); ``--torch_compile`` trains with ``torch.compile`` (about 1.3x faster per run on a
-CPU, not bit-identical to the eager runs the docs report; each result records it). The last line printed is one
-JSON object with the means over ``--seeds``:
+temperature, number of trajectories, batch size, ``--num_eval``, checkpoints or teacher (by its weights) stops
+and names the results that differ, rather than mixing them into its means; the teacher's results are checked
+too, and the teacher is always measured, whether ``--variants`` names it or not); ``--workers`` trains that many
+models at once (one single-threaded process each; by default one per core); ``--torch_compile`` trains with
+``torch.compile`` (about 1.3x faster per run on a CPU, not bit-identical to the eager runs the docs report; each
+result records it). The last line printed is one JSON object with the means over ``--seeds``:
 
     python benchmarks/bench_method_study.py --seeds 0 1 2                               # wordsort
     python benchmarks/bench_method_study.py --task wordset --seeds 0 1 2
@@ -68,6 +69,7 @@ import torch
 from datasets import Dataset, load_from_disk
 
 from t3d_trl import AutoModelForDiffusionLM
+from t3d_trl.data.trajectories import weights_fingerprint
 from t3d_trl.demo.quickstart import (
     PACKAGED_TEACHERS,
     QuickstartConfig,
@@ -261,11 +263,15 @@ def training_budget(base: QuickstartConfig) -> dict[str, Any]:
     return {"num_trajectories": base.num_trajectories, "batch_size": base.batch_size}
 
 
-def recorded_settings(job: Job, base: QuickstartConfig) -> dict[str, Any]:
-    """How ``job`` is measured, as its result records it; a rerun reuses a trained result only where they match."""
+def recorded_settings(job: Job, base: QuickstartConfig, teacher_weights: str) -> dict[str, Any]:
+    """How ``job`` is measured, as its result records it; a rerun reuses a result only where they match."""
     settings = {
         "learning_rate": job.learning_rate,
         "trajectory_temperature": job.temperature if reads_teacher(job.method) else None,
+        # the held-out prompts are drawn from the seed, the training prompts and this count
+        "num_eval": base.num_eval,
+        # the teacher by its weights (weights_fingerprint), not its path: a moved or copied teacher is the same
+        "teacher_weights": teacher_weights,
     }
     if job.method != "teacher":
         settings |= training_budget(base)
@@ -280,6 +286,23 @@ def differences(found: dict[str, Any], asked: dict[str, Any]) -> list[str]:
         for key, value in asked.items()
         if found.get(key, value) != value
     ]
+
+
+def collected_teacher(output: Path, seed: int) -> str | None:
+    """The teacher's fingerprint that ``seed``'s trajectory collections in ``output`` record (each
+    ``collection.json`` holds the weights of the teacher that decoded it): the teacher of a result written before
+    results recorded their own. None when no collection records one."""
+    for manifest in sorted((output / f"seed{seed}").glob("*/trajectories/collection.json")):
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            return json.loads(manifest.read_text())["teacher_weights"]
+    return None
+
+
+def with_recorded_teacher(found: dict[str, Any], output: Path, seed: int) -> dict[str, Any]:
+    """``found`` with the teacher it was measured with: its own record, else its folder's collections'."""
+    if "teacher_weights" not in found and (teacher := collected_teacher(output, seed)) is not None:
+        return {**found, "teacher_weights": teacher}
+    return found
 
 
 def measure(grid, name: str) -> dict[str, Any]:
@@ -382,8 +405,8 @@ def _measure_job(job: Job, context: dict[str, Any], path: Path) -> dict[str, Any
         "loss_type": job.method,
         "settings": job.settings,
         "seed": job.seed,
-        **recorded_settings(job, config),
-        "num_eval": len(eval_rows),
+        **recorded_settings(job, config, context["teacher_weights"]),
+        "teacher": context["teacher"],  # for the reader; the check reads the weights
     }
     if job.method == "teacher":
         work.mkdir(parents=True, exist_ok=True)
@@ -440,14 +463,25 @@ def _measure_job(job: Job, context: dict[str, Any], path: Path) -> dict[str, Any
 def mismatches(job: Job, context: dict[str, Any]) -> list[str]:
     """How the result on disk for ``job`` was measured differently from what this command asks (empty when it
     matches or is not there): reusing it would silently mix budgets."""
-    path = job.path(Path(context["output"]))
-    if not path.exists() or job.method == "teacher":
+    output = Path(context["output"])
+    path = job.path(output)
+    if not path.exists():
         return []
-    found = json.loads(path.read_text())
-    asked = {**recorded_settings(job, context["base"]), "checkpoints": job.checkpoints(context)}
+    found = with_recorded_teacher(json.loads(path.read_text()), output, job.seed)
+    asked = {
+        **recorded_settings(job, context["base"], context["teacher_weights"]),
+        "checkpoints": job.checkpoints(context),
+    }
     if "curve" in found:
         found["checkpoints"] = sorted(int(step) for step in found["curve"])
-    return differences(found, asked)
+    lines = differences({k: v for k, v in found.items() if k != "teacher_weights"}, asked)
+    if found.get("teacher_weights", asked["teacher_weights"]) != asked["teacher_weights"]:
+        # name both teachers: the fingerprints alone do not say which is which
+        lines.append(
+            f"teacher {found.get('teacher', 'of its trajectories')} (weights {found['teacher_weights'][:12]}; "
+            f"asked {context['teacher']}, weights {asked['teacher_weights'][:12]})"
+        )
+    return lines
 
 
 def exit_with_parent() -> None:
@@ -501,7 +535,10 @@ def run(jobs: list[Job], context: dict[str, Any], workers: int) -> None:
         ):
             config = dataclasses.replace(context["base"], seed=seed, trajectory_temperature=temperature)
             rows = split_rows(task, config)[0]
-            collect(teacher, task, rows, config, trajectories_dir(output, seed, temperature))
+            try:
+                collect(teacher, task, rows, config, trajectories_dir(output, seed, temperature))
+            except ValueError as error:  # a collection of another teacher or settings: the message says what
+                raise SystemExit(f"cannot collect the trajectories of seed {seed}: {error}") from None
     if workers <= 1:
         failures = [_run_job((job, context)) for job in todo]
     else:
@@ -574,15 +611,20 @@ def score(result: dict[str, Any]) -> float:
 
 def tuning_results(output: Path, seed: int, context: dict[str, Any]) -> dict[tuple[str, float, float], Any]:
     """Every tuning result of ``seed`` on disk that was measured as this command measures (the same number of steps,
-    trajectories and batch size): (objective, learning rate, temperature) -> result. The choice reads all of them,
-    so a run of part of the grid (more rates, another objective) extends the earlier choice instead of replacing
-    it with a choice over its own part."""
+    trajectories, batch size, held-out prompts and teacher): (objective, learning rate, temperature) -> result.
+    The choice reads all of them, so a run of part of the grid (more rates, another objective) extends the earlier
+    choice instead of replacing it with a choice over its own part."""
     base, steps = context["base"], max(context["checkpoints"])
+    asked = {
+        **training_budget(base),
+        "num_eval": base.num_eval,
+        "teacher_weights": context["teacher_weights"],
+    }
     rows = {}
     for path in sorted((output / f"tuning/seed{seed}").glob("*_lr*_T*.json")):
-        result = json.loads(path.read_text())
+        result = with_recorded_teacher(json.loads(path.read_text()), output, seed)
         name = path.stem.rsplit("_lr", 1)[0]
-        if name not in OBJECTIVES or result["steps"] != steps or differences(result, training_budget(base)):
+        if name not in OBJECTIVES or result["steps"] != steps or differences(result, asked):
             continue
         rows[(name, result["learning_rate"], result["trajectory_temperature"] or 0.0)] = result
     order = list(OBJECTIVES)
@@ -614,7 +656,8 @@ def choose(output: Path, seed: int, context: dict[str, Any]) -> dict[str, Any]:
     by_temperature = {}
     for temperature in temperatures:
         best = [best_rate(n, temperature, common[n]) for n in readers]
-        if all(rate is not None for rate in best):
+        # no objective that reads the teacher (mdlm alone): no temperature to choose
+        if readers and all(rate is not None for rate in best):
             by_temperature[temperature] = statistics.fmean(
                 score(rows[(n, rate, temperature)]) for n, rate in zip(readers, best)
             )
@@ -641,13 +684,23 @@ def choose(output: Path, seed: int, context: dict[str, Any]) -> dict[str, Any]:
         table.append("| " + " | ".join(cells) + " |")
     text = "\n".join(table)
     print(text)
+    base = context["base"]
     choice = {
+        # the task and budget the choice was made at: --tuning_file refuses it for another task
+        "task": context["task"],
+        "tuning_budget": {
+            "steps": max(context["checkpoints"]),
+            **training_budget(base),
+            "num_eval": base.num_eval,
+        },
         "tuning_seed": seed,
         "trajectory_temperature": chosen_t,
         "mean_best_score_by_temperature": {f"{t:g}": round(s, 2) for t, s in by_temperature.items()},
         "learning_rates": rates_chosen,
         "measured": len(rows),
     }
+    if chosen_t is None:  # nothing read the teacher: a --tuning_file of this choice keeps the protocol's
+        del choice["trajectory_temperature"]
     (output / f"tuning_seed{seed}.md").write_text(text + "\n")
     (output / f"tuning_seed{seed}.json").write_text(json.dumps(choice, indent=2))
     return choice
@@ -747,12 +800,15 @@ def summarise(output: Path, seeds: list[int], variants: list[str], task: str, ab
         cells.append(f"{statistics.fmean(r['total_s'] for r in rows[name]):.0f}")
         lines.append("| " + " | ".join(cells) + " |")
     students = [n for n in names if n != "teacher"]
-    steps = sorted(int(s) for s in rows[students[0]][0]["curve"]) if students else []
-    half = steps[-1] // 2 if steps else None
+    # Each model's own checkpoints (those of every seed): models of one folder may have been run with others.
+    own = {n: sorted(set.intersection(*({int(s) for s in r["curve"]} for r in rows[n]))) for n in students}
+    steps = sorted(set().union(*own.values()))
+    lasts = sorted({own[n][-1] for n in students if own[n]})
+    doubling = f"{lasts[0] // 2} -> {lasts[0]}" if len(lasts) == 1 else "N/2 -> N"
     curve_lines = [
         "| model | "
         + " | ".join(f"{s} steps" for s in steps)
-        + f" | last doubling along the run | whole runs of {half} -> {steps[-1] if steps else ''} steps |",
+        + f" | last doubling along the run | whole runs of {doubling} steps |",
         "|---|" + "---|" * (len(steps) + 2),
     ]
     whole = {n: whole_runs(output, seeds, n, rows[n]) for n in students}
@@ -762,16 +818,17 @@ def summarise(output: Path, seeds: list[int], variants: list[str], task: str, ab
     }
     gains, along = {}, {}
     for name in students:
-        means = [statistics.fmean(r["curve"][str(s)]["tokps"]["4"] for r in rows[name]) for s in steps]
-        along[name] = round(means[-1] - means[-2], 2) if len(means) > 1 else None
+        means = {s: statistics.fmean(r["curve"][str(s)]["tokps"]["4"] for r in rows[name]) for s in own[name]}
+        last = own[name][-1] if own[name] else None
+        along[name] = round(means[last] - means[own[name][-2]], 2) if len(means) > 1 else None
         # the plateau rule's doubling: whole runs of N/2 and N steps, each with its own schedule
-        if half in whole_tokps4[name]:
-            gains[name] = round(whole_tokps4[name][steps[-1]] - whole_tokps4[name][half], 2)
-        cells = [f"{v:.1f}" for v in means]
+        if last and last // 2 in whole_tokps4[name] and last in whole_tokps4[name]:
+            gains[name] = round(whole_tokps4[name][last] - whole_tokps4[name][last // 2], 2)
+        cells = [f"{means[s]:.1f}" if s in means else "" for s in steps]
         cells.append(f"{along[name]:+.1f}" if along[name] is not None else "")
         cells.append(f"{gains[name]:+.1f}" if name in gains else "not run")
         curve_lines.append("| " + " | ".join([name, *cells]) + " |")
-    along_run = {n: {s: [r["curve"][str(s)] for r in rows[n]] for s in steps} for n in students}
+    along_run = {n: {s: [r["curve"][str(s)] for r in rows[n]] for s in own[n]} for n in students}
     plot_curves(output / f"curves_{task}.png", rows["teacher"], along_run, task, seeds, "optimizer steps")
     budgets = sorted({k for runs in whole.values() for k in runs})
     whole_lines = [
@@ -872,7 +929,12 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--task", choices=TASKS, default="wordsort")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--variants", nargs="+", default=None, help="main-comparison models, in run order")
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        default=None,
+        help="main-comparison models, in run order; the teacher is always one (added first when not named)",
+    )
     parser.add_argument("--teacher", default=None, help="default: the packaged teacher of the task")
     parser.add_argument("--output_dir", default=None, help="default: method-study-<task>")
     parser.add_argument(
@@ -952,6 +1014,13 @@ def parse_args() -> argparse.Namespace:
         args.protocol = task_protocol(args.task, args.tuning_file)
     except (OSError, ValueError) as error:
         parser.error(f"--tuning_file {args.tuning_file}: {error}")
+    args.variants = list(args.variants or args.protocol.get("variants", DEFAULT_VARIANTS))
+    # every comparison is against the teacher: it is always measured (or its results read)
+    if "teacher" not in args.variants:
+        args.variants.insert(0, "teacher")
+    unknown = [n for n in args.variants if n != "teacher" and n not in MAIN]
+    if unknown:
+        parser.error(f"--variants: unknown {unknown}; choose from {['teacher', *MAIN]}")
     return args
 
 
@@ -982,6 +1051,8 @@ def main() -> None:
     context = {
         "task": args.task,
         "teacher": teacher,
+        # what every result records and a rerun checks: the same path may hold another teacher, and vice versa
+        "teacher_weights": weights_fingerprint(_teacher(teacher, device)),
         "output": str(output),
         "base": base,
         "checkpoints": sorted(set(args.checkpoints or default_checkpoints(protocol, args.tune))),
@@ -989,10 +1060,7 @@ def main() -> None:
         "device": device,
         "torch_compile": args.torch_compile,
     }
-    variants = args.variants or protocol.get("variants", DEFAULT_VARIANTS)
-    unknown = [n for n in variants if n != "teacher" and n not in MAIN]
-    if unknown:
-        raise SystemExit(f"unknown variants {unknown}; choose from {['teacher', *MAIN]}")
+    variants = args.variants
     tuning = None
     if args.tune or args.quick:
         objectives = args.tune_objectives

@@ -1,7 +1,8 @@
 """EXPLORATORY (not the product): which embedded demo task shows the clearest few-step collapse?
 
 For each task family, trains the tiny demo teacher (``t3d_trl.demo.build_teacher``) from scratch with a PLAIN,
-minimal MDLM loop (random masking of the answer, cross-entropy on the masked tokens; not ``T3DTrainer``), then
+minimal MDLM loop (random masking of the answer, cross-entropy on the masked tokens; not ``T3DTrainer``; a
+block-causal task's teacher, ``wordsort`` and the like, in the library's block diffusion layout), then
 measures its exact-match accuracy on held-out prompts at 1, 2, 4 (and 8) tokens per step (greedy,
 low-confidence remasking) and its conditional total correlation by jump size on its own one-token-per-step
 trajectories (``t3d_trl.total_correlation``). Single-threaded, so it can share a busy machine; the numbers
@@ -20,6 +21,7 @@ import time
 import torch
 
 from t3d_trl import TotalCorrelationConfig, TrajectoryMetadata, total_correlation
+from t3d_trl.data.collator import diffusion_attention_mask
 from t3d_trl.demo import build_teacher, get_task
 
 
@@ -36,6 +38,8 @@ def mdlm_loss(model, prompts: torch.Tensor, answers: torch.Tensor, mask_id: int)
     ratio = torch.rand(batch, 1)
     masked = torch.rand(batch, length) < ratio
     masked[torch.arange(batch), torch.randint(length, (batch,))] = True
+    if model.diffusion_config.is_block_causal:  # wordsort, wordorder, wordset: the sampler's block layout
+        return block_causal_loss(model, prompts, answers, masked, mask_id)
     inputs = torch.cat([prompts, answers.masked_fill(masked, mask_id)], dim=1)
     total = inputs.shape[1]
     logits = model(
@@ -43,6 +47,37 @@ def mdlm_loss(model, prompts: torch.Tensor, answers: torch.Tensor, mask_id: int)
         attention_mask=torch.zeros(batch, 1, total, total),  # bidirectional, no padding
         position_ids=torch.arange(total).expand(batch, -1),
     ).logits[:, prompts.shape[1] :]
+    return torch.nn.functional.cross_entropy(logits[masked], answers[masked])
+
+
+def block_causal_loss(
+    model, prompts: torch.Tensor, answers: torch.Tensor, masked: torch.Tensor, mask_id: int
+) -> torch.Tensor:
+    """The masked-token loss of a block-causal model, in the library's block diffusion layout
+    (``DataCollatorForDiffusion``): ``[prompt | clean answer | prompt tail | noisy answer]``, where each noisy
+    block sees the clean blocks before it and itself, as when the sampler decodes it (blocks aligned to position 0,
+    so the prompt's tail shares the first block)."""
+    batch, width = prompts.shape
+    length = answers.shape[1]
+    block_length = model.diffusion_config.block_size
+    tail = width % block_length
+    inputs = torch.cat(
+        [prompts, answers, prompts[:, width - tail :], answers.masked_fill(masked, mask_id)], 1
+    )
+    clean, noisy = width + length, tail + length
+    layout = {
+        "valid": torch.ones(batch, clean + noisy, dtype=torch.bool),
+        "position_ids": torch.cat([torch.arange(clean), torch.arange(width - tail, clean)]).expand(batch, -1),
+        "noisy": torch.cat(
+            [torch.zeros(clean, dtype=torch.bool), torch.ones(noisy, dtype=torch.bool)]
+        ).expand(batch, -1),
+    }
+    dtype = next(model.parameters()).dtype
+    logits = model(
+        input_ids=inputs,
+        attention_mask=diffusion_attention_mask(layout, block_length, True, dtype, for_decoder=True),
+        position_ids=layout["position_ids"],
+    ).logits[:, clean + tail :]
     return torch.nn.functional.cross_entropy(logits[masked], answers[masked])
 
 
@@ -97,7 +132,7 @@ def trajectories(model, task, rows):
     metadata = TrajectoryMetadata(
         teacher=task.name,
         mask_token_id=model.diffusion_config.mask_token_id,
-        attention="bidirectional",
+        attention=model.diffusion_config.attention,  # the block-causal tasks' trajectories are block-causal
         block_length=task.block_length,
         steps_per_block=task.block_length,
         max_new_tokens=task.answer_length,

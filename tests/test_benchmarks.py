@@ -9,6 +9,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -22,8 +23,9 @@ from t3d_trl.data.prompts import CODE_PROMPT, MATH_PROMPT
 from t3d_trl.evaluation.benchmarks import (
     BENCHMARKS,
     Benchmark,
+    Verdicts,
+    check_safely,
     get_benchmark,
-    list_benchmarks,
     load_rows,
     register_benchmark,
 )
@@ -34,7 +36,7 @@ def fenced(code: str) -> str:
 
 
 def test_registry_holds_the_papers_benchmarks():
-    assert {"math500", "gsm8k", "mbpp", "humaneval"} <= set(list_benchmarks())
+    assert {"math500", "gsm8k", "mbpp", "humaneval"} <= set(BENCHMARKS)
     assert get_benchmark("MATH-500") is get_benchmark("math500")
     assert get_benchmark("HumanEval").path == "openai/openai_humaneval"
     assert (get_benchmark("gsm8k").path, get_benchmark("gsm8k").subset) == ("openai/gsm8k", "main")
@@ -123,6 +125,55 @@ def test_humaneval_checker_accepts_whole_functions_and_bodies(benchmark_files):
         False,
         False,
     ]
+
+
+def test_both_code_benchmarks_run_the_extracted_code_whole(benchmark_files):
+    # A correct function, then a usage line cut at the token budget (unclosed fence): the same verdict on both
+    # benchmarks. HumanEval's program (prompt + code) used to be extracted a second time, which dropped the
+    # line that does not parse and passed it.
+    mbpp, humaneval = get_benchmark("mbpp"), get_benchmark("humaneval")
+    mbpp_examples = mbpp.load(benchmark_files["mbpp"])[:1]
+    humaneval_examples = humaneval.load(benchmark_files["humaneval"])[:1]
+    for rule in ("entry_point", "last_block"):
+        cut = "```python\ndef add(a, b):\n    return a + b\n\nprint(add("
+        assert mbpp.with_code_extraction(rule).check([cut], mbpp_examples) == [False]
+        cut = "```python\ndef total(xs):\n    return sum(xs)\n\nprint(total("
+        verdicts = humaneval.with_code_extraction(rule).check([cut], humaneval_examples)
+        assert verdicts == [False] and verdicts.statuses == ["failed"]
+        assert verdicts.errors[0].startswith("SyntaxError")
+
+
+def test_code_checkers_report_the_sandbox_status(benchmark_files):
+    mbpp = get_benchmark("mbpp")
+    examples = mbpp.load(benchmark_files["mbpp"])
+    completions = [
+        fenced("def add(a, b):\n    while True:\n        pass"),
+        fenced("def isqrt(n):\n    return 3"),
+    ]
+    slow = dataclasses.replace(mbpp, checker=lambda c, e, **kw: mbpp.checker(c, e, timeout=1.5, **kw))
+    verdicts, errors = check_safely(slow, completions, examples)
+    assert verdicts == [False, False] and errors == [None, None]
+    assert verdicts.statuses == ["timeout", "failed"]
+    assert verdicts.errors[0] == "wall-clock limit of 1.5 s exceeded"
+    assert verdicts.errors[1].startswith("AssertionError")
+
+    # A batch that raises is checked one by one: each sample keeps its status.
+    def one_at_a_time(completions, examples, **kwargs):
+        if len(completions) > 1:
+            raise RuntimeError("one at a time")
+        return mbpp.checker(completions, examples, **kwargs)
+
+    picky = dataclasses.replace(mbpp, checker=one_at_a_time)
+    verdicts, errors = check_safely(
+        picky, [fenced("def add(a, b):\n    return a + b"), "None. ```"], examples
+    )
+    assert (verdicts, verdicts.statuses, errors) == ([True, False], ["passed", "no_code"], [None, None])
+    # Math and custom checkers return plain bools: no status.
+    gsm8k = get_benchmark("gsm8k")
+    verdicts = gsm8k.check(["\\boxed{4}", "\\boxed{5}"], gsm8k.load(benchmark_files["gsm8k"]))
+    assert verdicts == [True, False] and verdicts.statuses == verdicts.errors == [None, None]
+    with pytest.raises(ValueError, match="2 statuses"):
+        Verdicts([True], ["passed", "passed"])
 
 
 def test_code_extraction_rule_of_a_benchmark(benchmark_files):
@@ -435,7 +486,13 @@ def test_method_study_refuses_results_measured_with_other_settings(tmp_path, stu
     # A rerun into the same --output_dir reuses the results on disk; one asking for another budget must stop and
     # name them, not mix them into its means.
     base = study.QuickstartConfig(task="wordsort", num_trajectories=2000, batch_size=32)
-    context = {"output": str(tmp_path), "base": base, "checkpoints": [480, 960]}
+    context = {
+        "output": str(tmp_path),
+        "base": base,
+        "checkpoints": [480, 960],
+        "teacher": "teacher-a",
+        "teacher_weights": "a" * 64,
+    }
     teacher, t3d = study.main_jobs(["teacher", "t3d"], [0], study.TUNED["wordsort"], None, None)
     measured = {
         "learning_rate": t3d.learning_rate,
@@ -620,10 +677,15 @@ def test_method_study_tuning_choice_extends_the_grid_on_disk(tmp_path, study):
     # A second --tune run over part of the grid (more rates) must choose over everything measured on the tuning
     # seed, not only over its own part; rates tried at one temperature only must not decide the temperature, and
     # results of another budget in the folder are never compared.
-    context = {"base": study.QuickstartConfig(task="wordsort", num_trajectories=2000), "checkpoints": [960]}
+    context = {
+        "task": "wordsort",
+        "base": study.QuickstartConfig(task="wordsort", num_trajectories=2000),
+        "checkpoints": [960],
+        "teacher_weights": "a" * 64,
+    }
 
-    def measured(name, rate, temperature, score, steps=960, **extra):
-        path = tmp_path / "tuning/seed100" / f"{name}_lr{rate:g}_T{temperature or 0:g}.json"
+    def measured(name, rate, temperature, score, steps=960, root=tmp_path, **extra):
+        path = root / "tuning/seed100" / f"{name}_lr{rate:g}_T{temperature or 0:g}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         result = {"learning_rate": rate, "trajectory_temperature": temperature, "steps": steps, **extra}
         result |= {"tokps": {"1": 99.0, "2": score + 5, "4": score - 5}, "dynamic": 99.0, "dynamic_nfe": 9.0}
@@ -645,10 +707,221 @@ def test_method_study_tuning_choice_extends_the_grid_on_disk(tmp_path, study):
     # measured with other settings: never part of this choice, however good
     measured("t3d", 1e-2, 1.0, 99, steps=3840)
     measured("t3d", 3e-2, 1.0, 99, num_trajectories=32000)
+    measured("t3d", 1e-1, 1.0, 99, num_eval=8)  # another held-out set
+    measured("t3d", 3e-1, 1.0, 99, teacher_weights="b" * 64)  # another teacher
     choice = study.choose(tmp_path, 100, context)
     assert choice["learning_rates"] == {"t3d": 3e-3, "dparallel": 1e-3, "mdlm": 1e-3}
     assert choice["trajectory_temperature"] == 1.0 and choice["measured"] == 11
     assert choice["mean_best_score_by_temperature"] == first["mean_best_score_by_temperature"]
     assert json.loads((tmp_path / "tuning_seed100.json").read_text()) == choice
+    # the choice names its task and budget: --tuning_file refuses it for another task
+    assert choice["task"] == "wordsort"
+    assert choice["tuning_budget"] == {
+        "steps": 960,
+        "num_trajectories": 2000,
+        "batch_size": 128,
+        "num_eval": 1000,
+    }
+    with pytest.raises(ValueError, match="task 'wordsort', not 'wordset'"):
+        study.task_protocol("wordset", str(tmp_path / "tuning_seed100.json"))
     table = (tmp_path / "tuning_seed100.md").read_text()
     assert "| t3d | 0.003 | 1 |" in table and "| **95.00** |" in table and "| t3d | 0.01 |" not in table
+    # mdlm alone reads no teacher: no temperature is chosen, and a --tuning_file of it keeps the protocol's
+    measured("mdlm", 1e-3, None, 60, root=tmp_path / "mdlm")
+    measured("mdlm", 3e-4, None, 70, root=tmp_path / "mdlm")
+    alone = study.choose(tmp_path / "mdlm", 100, context)
+    assert alone["learning_rates"] == {"mdlm": 3e-4} and "trajectory_temperature" not in alone
+    protocol = study.task_protocol("wordsort", str(tmp_path / "mdlm/tuning_seed100.json"))
+    assert protocol["trajectory_temperature"] == study.TUNED["wordsort"]["trajectory_temperature"]
+
+
+def test_method_study_refuses_results_of_another_teacher_or_held_out_set(tmp_path, study):
+    # Every result, the teacher's too, records the teacher (by its weights) and --num_eval; a rerun asking for
+    # another stops and names them. A result from before the teacher was recorded is held to the teacher of its
+    # folder's collections, which record it.
+    base = study.QuickstartConfig(task="wordsort", num_trajectories=2000, batch_size=32)
+    context = {
+        "output": str(tmp_path),
+        "base": base,
+        "checkpoints": [960],
+        "teacher": "teacher-a",
+        "teacher_weights": "a" * 64,
+    }
+    jobs = study.main_jobs(["teacher", "t3d"], [0], study.TUNED["wordsort"], None, None)
+    for job in jobs:
+        result = {**study.recorded_settings(job, base, "a" * 64), "teacher": "teacher-a"}
+        job.path(tmp_path).parent.mkdir(parents=True, exist_ok=True)
+        job.path(tmp_path).write_text(
+            json.dumps(result | ({"curve": {"960": {}}} if job.name == "t3d" else {}))
+        )
+    assert [study.mismatches(job, context) for job in jobs] == [[], []]
+    fewer = {**context, "base": dataclasses.replace(base, num_eval=500)}
+    assert [study.mismatches(job, fewer) for job in jobs] == [["num_eval 1000 (asked 500)"]] * 2
+    other = {**context, "teacher": "teacher-b", "teacher_weights": "b" * 64}
+    expected = "teacher teacher-a (weights aaaaaaaaaaaa; asked teacher-b, weights bbbbbbbbbbbb)"
+    assert [study.mismatches(job, other) for job in jobs] == [[expected]] * 2
+    with pytest.raises(SystemExit, match=r"results/seed0/teacher\.json: teacher teacher-a"):
+        study.run(jobs, other, workers=1)
+    # written before the teacher and --num_eval were recorded: held to the teacher its folder's collection records
+    for job in jobs:
+        old = json.loads(job.path(tmp_path).read_text())
+        job.path(tmp_path).write_text(
+            json.dumps({k: v for k, v in old.items() if not k.startswith("teacher")})
+        )
+    assert [study.mismatches(job, other) for job in jobs] == [[], []]  # no collection: not held to one
+    manifest = tmp_path / "seed0/temperature0.1/trajectories/collection.json"
+    manifest.parent.mkdir(parents=True)
+    manifest.write_text(json.dumps({"teacher_weights": "a" * 64}))
+    assert [study.mismatches(job, context) for job in jobs] == [[], []]
+    assert [len(study.mismatches(job, other)) for job in jobs] == [1, 1]
+
+
+def test_method_study_exits_cleanly_when_the_collection_is_refused(tmp_path, study, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise ValueError("... holds a collection started with other settings; refusing to resume.")
+
+    monkeypatch.setattr(study, "_teacher", lambda path, device: None)
+    monkeypatch.setattr(study, "collect", refuse)
+    base = study.QuickstartConfig(task="wordsort", num_trajectories=4, num_eval=2)
+    context = {"task": "wordsort", "output": str(tmp_path), "base": base, "checkpoints": [2], "device": "cpu"}
+    context |= {"teacher": "t", "teacher_weights": "a" * 64}
+    jobs = study.main_jobs(["t3d"], [0], study.TUNED["wordsort"], None, None)
+    with pytest.raises(SystemExit, match="cannot collect the trajectories of seed 0: .* refusing to resume"):
+        study.run(jobs, context, workers=1)
+
+
+def test_method_study_summary_reads_each_models_own_checkpoints(tmp_path, study):
+    # Students of one folder evaluated at other checkpoints: each model's curve is its own, whatever the order.
+    def write(name: str, accuracy: float, curve: dict[int, float] | None = None, steps: int = 4) -> None:
+        def evaluation(value: float) -> dict:
+            return {"tokps": dict.fromkeys(("1", "2", "4"), value), "dynamic": value, "dynamic_nfe": 9.0}
+
+        result = {
+            "learning_rate": 1e-3,
+            "trajectory_temperature": 0.1,
+            "total_s": 1.0,
+            **evaluation(accuracy),
+        }
+        if curve is not None:
+            result |= {"steps": steps, "curve": {str(k): evaluation(v) for k, v in curve.items()}}
+        path = tmp_path / "results/seed0" / f"{name}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result))
+
+    write("teacher", 100.0)
+    write("t3d", 60.0, {2: 50.0, 4: 60.0})
+    write("t3d_steps2", 55.0, {2: 55.0}, steps=2)
+    write("dparallel", 40.0, {4: 40.0})
+    for order in (["teacher", "t3d", "dparallel"], ["teacher", "dparallel", "t3d"]):
+        summary = study.summarise(tmp_path, [0], order, "wordsort", None)
+        assert summary["checkpoints"] == [2, 4] and summary["distill_steps"] == 4
+        assert summary["plateau_gain_by_model"] == {"t3d": 10.0, "dparallel": None}
+        assert summary["plateau_gain_whole_runs_by_model"] == {"t3d": 5.0}
+        table = (tmp_path / "summary_wordsort.md").read_text()
+        assert (
+            "| dparallel |  | 40.0 |  | not run |" in table
+            and "| t3d | 50.0 | 60.0 | +10.0 | +5.0 |" in table
+        )
+
+
+def test_method_study_always_measures_the_teacher(study, monkeypatch, capsys):
+    # Every comparison is against the teacher: --variants without it gets it first (results on disk are reused).
+    monkeypatch.setattr(sys, "argv", ["bench_method_study.py", "--variants", "t3d", "td"])
+    assert study.parse_args().variants == ["teacher", "t3d", "td"]
+    monkeypatch.setattr(sys, "argv", ["bench_method_study.py", "--variants", "teacher", "foo"])
+    with pytest.raises(SystemExit) as exit_:
+        study.parse_args()
+    assert exit_.value.code == 2 and "error: --variants: unknown ['foo']" in capsys.readouterr().err
+
+
+@pytest.fixture
+def sweep(monkeypatch):
+    """``benchmarks/sweep_demo_distillation.py`` as a module."""
+    spec = importlib.util.spec_from_file_location(
+        "sweep_demo_distillation", REPO / "benchmarks" / "sweep_demo_distillation.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    "spec, expected",
+    [
+        ("t3d", "a variant is NAME:JSON"),
+        ("t3d:{bad", "variant 't3d': its settings are not valid JSON"),
+        ("t3d:[1]", "expected a JSON object of settings, found list"),
+        ('t3d:{"beta": 3}', "variant 't3d' must name its loss_type"),
+        ('t3d:{"loss_type": "t4d"}', "loss_type must be one of"),
+        # the data is collected once for every variant: a variant cannot change it
+        ('t3d:{"loss_type": "t3d", "num_eval": 8, "seed": 1}', "variant 't3d' sets num_eval, seed: the data"),
+        (
+            't3d:{"loss_type": "t3d", "bogus": 1}',
+            "unknown settings bogus (neither QuickstartConfig nor T3DConfig",
+        ),
+    ],
+)
+def test_demo_sweep_refuses_a_bad_variant(sweep, spec, expected):
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        sweep.parse_variant(spec)
+
+
+def test_demo_sweep_splits_a_variant_and_refuses_a_bad_one_before_any_work(sweep, monkeypatch, capsys):
+    spec = 't3d:{"loss_type": "t3d", "distill_steps": 800, "fake_estimator": "expectation"}'
+    assert sweep.parse_variant(spec) == (
+        "t3d",
+        "t3d",
+        {"distill_steps": 800},
+        {"fake_estimator": "expectation"},
+    )
+    monkeypatch.setattr(
+        sys, "argv", ["sweep_demo_distillation.py", 't:{"loss_type": "td", "eval_tokens_per_step": [3]}']
+    )
+    monkeypatch.setattr(sweep, "split_rows", lambda *args: pytest.fail("work started"))
+    with pytest.raises(SystemExit) as exit_:
+        sweep.main()
+    assert exit_.value.code == 2
+    assert "error: variant 't': eval_tokens_per_step [3]: each must divide" in capsys.readouterr().err
+
+
+def test_task_exploration_trains_and_analyses_a_block_causal_teacher_in_its_layout():
+    # wordsort's teacher is block-causal: its loss is the library's block diffusion layout (the collator's, for the
+    # same masks), and its trajectories say so (the TC analysis refuses a model of another attention).
+    import torch
+
+    from t3d_trl.analysis.total_correlation import check_model_matches
+    from t3d_trl.data.collator import DataCollatorForDiffusion, diffusion_attention_mask
+    from t3d_trl.demo import build_teacher, get_task
+
+    spec = importlib.util.spec_from_file_location("explore", REPO / "benchmarks" / "explore_demo_tasks.py")
+    explore = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(explore)
+    task = get_task("wordsort")
+    model = build_teacher(task, seed=0).eval()
+    prompts, answers = explore.encode(task, task.sample(3, seed=5))
+    masked = torch.rand(answers.shape, generator=torch.Generator().manual_seed(0)) < 0.5
+    masked[:, 0] = True
+    loss = explore.block_causal_loss(model, prompts, answers, masked, model.diffusion_config.mask_token_id)
+    collator = DataCollatorForDiffusion(
+        model.diffusion_config, task.block_length, task.tokenizer().pad_token_id
+    )
+    rows = [
+        {
+            "prompt_ids": p.tolist(),
+            "completion_ids": a.tolist(),
+            "masked": m.tolist(),
+            "mask_prob": [1.0] * len(a),
+        }
+        for p, a, m in zip(prompts, answers, masked)
+    ]
+    batch = collator(rows)
+    mask = diffusion_attention_mask(batch, task.block_length, True, torch.float32, for_decoder=True)
+    logits = model(
+        input_ids=batch["input_ids"], attention_mask=mask, position_ids=batch["position_ids"]
+    ).logits
+    logits, where = logits[:, batch["keep"]], batch["loss_mask"]
+    expected = torch.nn.functional.cross_entropy(logits[where], batch["targets"][where])
+    assert torch.allclose(loss, expected, atol=1e-6)
+    _, metadata = explore.trajectories(model, task, task.sample(2, seed=6))
+    assert metadata.attention == "block_causal"
+    check_model_matches(model, metadata)
