@@ -340,3 +340,7 @@ def test_trust_remote_code_trains_a_checkpoint_that_ships_its_code(files, tmp_pa
     assert main(_argv(str(model_dir), data_dir, tmp_path / "o", "--trust_remote_code")) == 0
     saved = json.loads((tmp_path / "o" / "config.json").read_text())
     assert saved["architectures"] == ["MyModel"] and (tmp_path / "o" / "modeling_my.py").is_file()
+    # generate and eval load it the same way (through evaluation.runner.load_model).
+    generate = ["generate", "--model", str(tmp_path / "o"), "--prompt", "ab", "--max_new_tokens", "4"]
+    assert "--trust_remote_code" in failure(generate, capsys)
+    assert main([*generate, "--trust_remote_code"]) == 0

@@ -145,7 +145,7 @@ def test_generate_prints_the_completion(saved_models, capsys):
     assert f"nfe={expected.nfe[0]} tokens={expected.num_tokens[0]}" in captured.err
     assert "tokens/s=" in captured.err
 
-    with pytest.raises(ValueError, match="dtype must be 'auto' or a torch dtype name.*'float99'"):
+    with pytest.raises(ValueError, match="dtype must be 'auto' or a floating-point torch dtype.*'float99'"):
         load_model(path, dtype="float99")
     assert main([*argv, "--steps", "4", "--tokens_per_step", "2"]) == 2
     assert capsys.readouterr().err.endswith(

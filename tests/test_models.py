@@ -345,7 +345,8 @@ def test_remote_code_registered_as_automodel_only_loads(tmp_path, tokenizer):
     (tmp_path / "config.json").write_text(json.dumps(config))
 
     with pytest.raises(
-        ValueError, match=r"needs trust_remote_code=True \(the --trust_remote_code flag of t3d-trl"
+        ValueError,
+        match=r"needs trust_remote_code=True \(the --trust_remote_code flag of the t3d-trl commands",
     ):
         AutoModelForDiffusionLM.from_pretrained(tmp_path)
     loaded = AutoModelForDiffusionLM.from_pretrained(tmp_path, trust_remote_code=True)

@@ -106,6 +106,9 @@ class EvalConfig(EvalDecodingConfig):
     use_chat_template: bool = field(default=True, metadata={"help": "wrap prompts in the chat template"})
     dtype: str = field(default="auto", metadata={"help": "auto, bfloat16, float16 or float32"})
     device: str | None = field(default=None, metadata={"help": "default: cuda when available, else cpu"})
+    trust_remote_code: bool = field(
+        default=False, metadata={"help": "run the modeling code a checkpoint ships (auto_map); read it first"}
+    )
     output_dir: str = field(default="eval_results", metadata={"help": "where results, tables and plots go"})
     code_extraction: str | None = field(
         default=None,
@@ -202,6 +205,7 @@ def main(argv: list[str]) -> int:
         use_chat_template=config.use_chat_template,
         dtype=config.dtype,
         device=config.device,
+        trust_remote_code=config.trust_remote_code,
         output_dir=config.output_dir,
         code_extraction=config.code_extraction,
     )

@@ -47,6 +47,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", default="auto", help="auto, bfloat16, float16 or float32")
     parser.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     parser.add_argument(
+        "--trust_remote_code",
+        action="store_true",
+        help="run the modeling code a checkpoint ships (auto_map); read it first",
+    )
+    parser.add_argument(
         "--verbose",
         action="store_true",
         help="print NFE, tokens, tokens per step, finished, seconds and tokens/s to stderr",
@@ -76,7 +81,7 @@ def main(argv: list[str]) -> int:
     from ..generation.streamers import TerminalStreamer
 
     message = format_user_message(args.template, {"problem": prompt})
-    model, tokenizer = load_model(args.model, args.dtype, args.device)
+    model, tokenizer = load_model(args.model, args.dtype, args.device, args.trust_remote_code)
     config = model.diffusion_generation_config.update(**overrides)
     generator = torch.Generator(device=next(model.parameters()).device).manual_seed(args.seed)
     out = generate_completions(

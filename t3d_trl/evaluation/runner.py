@@ -40,6 +40,7 @@ from ..data.prompts import check_known_tokens, encode_prompts
 from ..generation.configuration import DiffusionGenerationConfig
 from ..generation.memory import auto_batch_size, peak_memory_gb, reset_peak_memory
 from ..generation.sampler import eos_token_ids, left_pad
+from ..utils import resolve_dtype
 from .benchmarks import Benchmark, check_safely, get_benchmark
 from .grid import DecodingSetting, check_run_settings, grid_benchmarks, grid_settings, load_examples
 from .metrics import aggregate_seeds, pass_k_values, run_metrics, throughput
@@ -364,17 +365,17 @@ def evaluate_model(
     )
 
 
-def load_model(path: str, dtype: str = "auto", device: str | None = None) -> tuple[torch.nn.Module, Any]:
+def load_model(
+    path: str, dtype: str = "auto", device: str | None = None, trust_remote_code: bool = False
+) -> tuple[torch.nn.Module, Any]:
     """Load a checkpoint (local folder, Hub repo, or a ``peft`` adapter of one) as a diffusion LM, with its tokenizer.
 
     ``dtype``: ``"auto"`` (the checkpoint's), ``"bfloat16"``, ``"float16"`` or ``"float32"``. ``device``:
-    default ``"cuda"`` when available, else ``"cpu"``.
+    default ``"cuda"`` when available, else ``"cpu"``. ``trust_remote_code``: run the code a checkpoint ships.
     """
     from ..models.auto import AutoModelForDiffusionLM, check_model_source, load_tokenizer
 
-    if dtype != "auto" and not isinstance(getattr(torch, dtype, None), torch.dtype):
-        raise ValueError(f"dtype must be 'auto' or a torch dtype name such as 'bfloat16', got {dtype!r}")
-    torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
+    torch_dtype = resolve_dtype(dtype)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
         kind = torch.device(device).type
@@ -383,8 +384,9 @@ def load_model(path: str, dtype: str = "auto", device: str | None = None) -> tup
     if kind == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device!r}: no CUDA GPU on this machine (use cpu, or leave it unset)")
     check_model_source(path)
-    model = AutoModelForDiffusionLM.from_pretrained(path, dtype=torch_dtype).to(device).eval()
-    return model, load_tokenizer(path)
+    remote = {"trust_remote_code": True} if trust_remote_code else {}
+    model = AutoModelForDiffusionLM.from_pretrained(path, dtype=torch_dtype, **remote).to(device).eval()
+    return model, load_tokenizer(path, **remote)
 
 
 def run_grid(
@@ -405,6 +407,7 @@ def run_grid(
     use_chat_template: bool = True,
     dtype: str = "auto",
     device: str | None = None,
+    trust_remote_code: bool = False,
     output_dir: str | Path | None = None,
     progress: bool = True,
     code_extraction: str | None = None,
@@ -423,7 +426,7 @@ def run_grid(
         tokenizer: the tokenizer of models given as objects without one.
         data_files: benchmark name -> local file with its schema (offline use).
         limit, batch_size, seeds, num_samples, use_chat_template: see :func:`evaluate_model`.
-        dtype, device: how checkpoints given as paths are loaded (:func:`load_model`).
+        dtype, device, trust_remote_code: how checkpoints given as paths are loaded (:func:`load_model`).
         output_dir: when given, ``results.json`` (rewritten after every run), ``samples/`` (per-sample
             records), ``table.md`` and the plots are written there (:func:`t3d_trl.evaluation.report.write_report`).
             A rerun into the same folder keeps every result already there: a run of the grid whose model
@@ -452,6 +455,7 @@ def run_grid(
         tokenizer=tokenizer,
         dtype=dtype,
         device=device,
+        trust_remote_code=trust_remote_code,
         batch_size=batch_size,
         seeds=list(seeds),
         num_samples=num_samples,
@@ -498,6 +502,7 @@ class _GridRun:
     tokenizer: Any
     dtype: str
     device: str | None
+    trust_remote_code: bool
     batch_size: int
     seeds: list[int]
     num_samples: int
@@ -542,7 +547,7 @@ class _GridRun:
 
     def load(self, spec: Any) -> tuple[torch.nn.Module, Any]:
         if isinstance(spec, str):
-            return load_model(spec, self.dtype, self.device)
+            return load_model(spec, self.dtype, self.device, self.trust_remote_code)
         if isinstance(spec, tuple):
             return spec
         return spec, self.tokenizer

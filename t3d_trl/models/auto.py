@@ -325,7 +325,7 @@ def _check_model_type(name_or_path: str, raw: dict[str, Any], trust_remote_code:
         f"{name_or_path}: {CONFIG_FILE} has model_type {model_type!r}, which neither transformers nor t3d-trl "
         f"supports. t3d-trl maps the published families {sorted(FAMILIES)} onto native classes; any model_type "
         "transformers knows (llama, qwen2, qwen3, modernbert, ...) loads as it is; a checkpoint that ships its own "
-        "modeling code needs trust_remote_code=True (the --trust_remote_code flag of t3d-trl train and collect)."
+        "modeling code needs trust_remote_code=True (the --trust_remote_code flag of the t3d-trl commands)."
     )
 
 
