@@ -91,6 +91,16 @@ def test_generate_until_honours_until_and_groups_generation_arguments(tokenizer)
     assert len(cut[1]) <= 4  # its own group, decoded with max_new_tokens=4
     assert lm.decoding_stats()["samples"] == 3
 
+    # With several processes lm-eval pads a process's requests with its last one (the same object, `repeats`
+    # times, from its metadata): answered, but not counted as samples; two real samples of one request are.
+    lm._world_size = 2
+    last = Instance("generate_until", {}, (context, {"until": [], "max_gen_toks": 4}), 1, ("t", 1, 1))
+    answers = lm.generate_until([Instance("generate_until", {}, (context, {"until": []}), 0), last, last])
+    assert len(answers) == 3 and lm.decoding_stats()["samples"] == 3 + 2
+    twice = Instance("generate_until", {}, (context, {"until": [], "max_gen_toks": 4}), 0, ("t", 0, 2))
+    lm.generate_until([twice, twice])
+    assert lm.decoding_stats()["samples"] == 5 + 2
+
 
 @pytest.mark.slow
 def test_demo_teacher_scores_what_t3d_trl_eval_says(tmp_path, task_dir, capsys):

@@ -291,6 +291,7 @@ class DiffusionLM(TemplateLM):
             groups[(tuple(until), max_gen_toks, temperature)].append(index)
         results: list[str] = [""] * len(requests)
         totals = [0.0, 0.0, 0.0, 0.0]  # samples, tokens, nfe, seconds of this call on this process
+        real = len(requests) - self._padding(requests)  # the stats count real samples only
         generator = torch.Generator(device=self._device).manual_seed(self.seed)
         bar = tqdm(total=len(requests), desc="t3d generate_until", disable=disable_tqdm or self.rank != 0)
         for (until, max_gen_toks, temperature), indices in groups.items():
@@ -315,13 +316,30 @@ class DiffusionLM(TemplateLM):
                         completion = completion.split(stop, 1)[0]
                 results[i] = completion
                 self.cache_hook.add_partial("generate_until", requests[i].args, completion)
-            for k, value in enumerate((len(indices), sum(out.num_tokens), sum(out.nfe), out.seconds)):
+            kept = [k for k, i in enumerate(indices) if i < real]
+            counts = (
+                len(kept),
+                sum(out.num_tokens[k] for k in kept),
+                sum(out.nfe[k] for k in kept),
+                out.seconds,
+            )
+            for k, value in enumerate(counts):
                 totals[k] += value
             bar.update(len(indices))
         bar.close()
         self._record(totals)  # once per call: every process makes the same calls (lm-eval pads the requests)
         logger.info("t3d decoding: %s", self.decoding_stats())
         return results
+
+    def _padding(self, requests: list[Any]) -> int:
+        """How many of this process's requests are lm-eval's padding: with several processes it appends copies of
+        the last request (``repeats`` times each, the same object) so that every process makes the same calls."""
+        if self.world_size == 1 or not requests:
+            return 0
+        tail = 0
+        while tail < len(requests) and requests[-1 - tail] is requests[-1]:
+            tail += 1
+        return max(0, tail - int(getattr(requests[-1], "repeats", None) or 1))
 
     def _record(self, totals: list[float]) -> None:
         """Add this call's totals, summed over processes, to :attr:`stats`."""
