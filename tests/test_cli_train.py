@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from testing_utils import build_bidirectional_model, build_trajectories, free_port
+from testing_utils import add_remote_code, build_bidirectional_model, build_trajectories, free_port
 
 from t3d_trl import DiffusionGenerationConfig
 from t3d_trl.cli.main import main
@@ -306,36 +306,9 @@ def test_a_lora_adapter_records_the_base_revision_it_was_trained_on(files, token
     assert torch.equal(loaded.get_input_embeddings().weight, trained_on.get_input_embeddings().weight)
 
 
-_REMOTE_CONFIG = """from transformers import Qwen3Config
-
-
-class MyConfig(Qwen3Config):
-    model_type = "mydlm"
-"""
-_REMOTE_MODELING = """from transformers import Qwen3ForCausalLM
-
-from .configuration_my import MyConfig
-
-
-class MyModel(Qwen3ForCausalLM):
-    config_class = MyConfig
-"""
-
-
 def test_trust_remote_code_trains_a_checkpoint_that_ships_its_code(files, tmp_path, capsys):
     model_dir, data_dir = files
-    (model_dir / "configuration_my.py").write_text(_REMOTE_CONFIG)
-    (model_dir / "modeling_my.py").write_text(_REMOTE_MODELING)
-    config = json.loads((model_dir / "config.json").read_text())
-    config |= {
-        "model_type": "mydlm",
-        "architectures": ["MyModel"],
-        "auto_map": {
-            "AutoConfig": "configuration_my.MyConfig",
-            "AutoModelForCausalLM": "modeling_my.MyModel",
-        },
-    }
-    (model_dir / "config.json").write_text(json.dumps(config))
+    add_remote_code(model_dir)
     assert "--trust_remote_code" in failure(_argv(str(model_dir), data_dir, tmp_path / "refused"), capsys)
     assert main(_argv(str(model_dir), data_dir, tmp_path / "o", "--trust_remote_code")) == 0
     saved = json.loads((tmp_path / "o" / "config.json").read_text())

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 import yaml
-from testing_utils import free_port
+from testing_utils import add_remote_code, free_port
 
 from t3d_trl import TrajectoryMetadata, load_trajectories
 from t3d_trl.cli.collect import CollectConfig, load_source_dataset
@@ -210,38 +210,11 @@ def test_two_processes_print_the_final_line_once(recipe, tmp_path):
     assert len(load_trajectories(values["output_dir"])) == 3
 
 
-_REMOTE_CODE = {
-    "configuration_my.py": "from transformers import Qwen3Config\n\n\nclass MyConfig(Qwen3Config):\n"
-    '    model_type = "mydlm"\n',
-    "modeling_my.py": "from transformers import Qwen3ForCausalLM\n\nfrom .configuration_my import MyConfig\n\n\n"
-    "class MyModel(Qwen3ForCausalLM):\n    config_class = MyConfig\n",
-    "tokenization_my.py": "from transformers import PreTrainedTokenizerFast\n\n\n"
-    "class MyTokenizer(PreTrainedTokenizerFast):\n    pass\n",
-}
-
-
 def test_trust_remote_code_collects_from_a_teacher_that_ships_its_code(recipe, capsys):
     # The teacher's model and tokenizer classes are its own code (auto_map): both load with the flag only.
     path, values = recipe
     teacher = path.parent / "teacher"
-    for name, code in _REMOTE_CODE.items():
-        (teacher / name).write_text(code)
-    config = json.loads((teacher / "config.json").read_text())
-    config |= {
-        "model_type": "mydlm",
-        "architectures": ["MyModel"],
-        "auto_map": {
-            "AutoConfig": "configuration_my.MyConfig",
-            "AutoModelForCausalLM": "modeling_my.MyModel",
-        },
-    }
-    (teacher / "config.json").write_text(json.dumps(config))
-    tokenizer_config = json.loads((teacher / "tokenizer_config.json").read_text())
-    tokenizer_config |= {
-        "tokenizer_class": "MyTokenizer",
-        "auto_map": {"AutoTokenizer": [None, "tokenization_my.MyTokenizer"]},
-    }
-    (teacher / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    add_remote_code(teacher, tokenizer=True)
     assert main(["collect", "--config", str(path)]) == 2
     assert "--trust_remote_code" in capsys.readouterr().err
     assert main(["collect", "--config", str(path), "--trust_remote_code"]) == 0

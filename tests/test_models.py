@@ -6,14 +6,15 @@ import copy
 import io
 import json
 import pickle
-from pathlib import Path
 
 import pytest
 import torch
 import transformers
 from testing_utils import (
+    add_remote_code,
     build_bidirectional_model,
     build_block_causal_model,
+    build_hub_cache,
     build_modernbert_model,
     qwen3_config,
 )
@@ -315,34 +316,10 @@ def test_an_adapter_saved_without_a_tokenizer_is_collected_from_and_trained_by_n
         load_tokenizer(str(saved_adapter / "missing"))
 
 
-_REMOTE_CONFIG = """from transformers import Qwen3Config
-
-
-class MyConfig(Qwen3Config):
-    model_type = "mydlm"
-"""
-_REMOTE_MODELING = """from transformers import Qwen3ForCausalLM
-
-from .configuration_my import MyConfig
-
-
-class MyModel(Qwen3ForCausalLM):
-    config_class = MyConfig
-"""
-
-
 def test_remote_code_registered_as_automodel_only_loads(tmp_path, tokenizer):
     model = build_bidirectional_model(tokenizer)
     model.save_pretrained(tmp_path)
-    (tmp_path / "configuration_my.py").write_text(_REMOTE_CONFIG)
-    (tmp_path / "modeling_my.py").write_text(_REMOTE_MODELING)
-    config = json.loads((tmp_path / "config.json").read_text())
-    config |= {
-        "model_type": "mydlm",
-        "architectures": ["MyModel"],
-        "auto_map": {"AutoConfig": "configuration_my.MyConfig", "AutoModel": "modeling_my.MyModel"},
-    }
-    (tmp_path / "config.json").write_text(json.dumps(config))
+    add_remote_code(tmp_path, "AutoModel")
 
     with pytest.raises(
         ValueError,
@@ -359,21 +336,6 @@ def test_remote_code_registered_as_automodel_only_loads(tmp_path, tokenizer):
     )
 
 
-def _hub_cache(tmp_path: Path, monkeypatch, repo: str, snapshots: dict[str, tuple[str, Path]]) -> None:
-    """A Hub cache holding ``repo`` (``revision -> (commit, folder)``), as a download leaves it; offline."""
-    import shutil
-
-    from huggingface_hub import constants
-
-    cache = tmp_path / "hub"
-    folder = cache / f"models--{repo.replace('/', '--')}"
-    (folder / "refs").mkdir(parents=True)
-    for revision, (commit, source) in snapshots.items():
-        (folder / "refs" / revision).write_text(commit)
-        shutil.copytree(source, folder / "snapshots" / commit, dirs_exist_ok=True)
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
-
-
 def test_an_adapter_loads_on_the_base_revision_it_was_trained_on(tmp_path, tokenizer, monkeypatch):
     # peft records the base revision in adapter_config.json ("revision"), and its AutoPeftModel loads the base
     # there: so does AutoModelForDiffusionLM (its tokenizer too), not the base's main branch.
@@ -385,7 +347,7 @@ def test_an_adapter_loads_on_the_base_revision_it_was_trained_on(tmp_path, token
     build_bidirectional_model(tokenizer, seed=1).save_pretrained(tmp_path / "v1")
     tokenizer.save_pretrained(tmp_path / "v1")  # main has none: a tokenizer read at main fails
     snapshots = {"main": ("a" * 40, tmp_path / "main"), "v1": ("b" * 40, tmp_path / "v1")}
-    _hub_cache(tmp_path, monkeypatch, "me/base", snapshots)
+    build_hub_cache(tmp_path, monkeypatch, "me/base", snapshots)
     base = AutoModelForDiffusionLM.from_pretrained("me/base", revision="v1")
     lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], revision="v1")
     get_peft_model(base, lora).save_pretrained(tmp_path / "lora")

@@ -15,6 +15,7 @@ import torch
 from testing_utils import (
     build_bidirectional_model,
     build_block_causal_model,
+    build_hub_cache,
     build_tokenizer,
     free_port,
     qwen3_config,
@@ -883,21 +884,6 @@ def test_the_teacher_is_checked_before_decoding(tmp_path, tokenizer, monkeypatch
     assert not calls and not any((tmp_path / name).exists() for name in "abc")
 
 
-def _hub_cache(tmp_path: Path, monkeypatch, repo: str, snapshots: dict[str, tuple[str, Path]]) -> None:
-    """A Hub cache holding ``repo`` (``revision -> (commit, folder)``), as a download leaves it; offline."""
-    import shutil
-
-    from huggingface_hub import constants
-
-    cache = tmp_path / "hub"
-    folder = cache / f"models--{repo.replace('/', '--')}"
-    (folder / "refs").mkdir(parents=True)
-    for revision, (commit, source) in snapshots.items():
-        (folder / "refs" / revision).write_text(commit)
-        shutil.copytree(source, folder / "snapshots" / commit, dirs_exist_ok=True)
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
-
-
 def test_a_hub_teachers_commit_is_recorded(tmp_path, tokenizer, bidirectional_model, monkeypatch):
     # transformers 5 no longer sets config._commit_hash: the commit is read from the cached snapshot, for a branch
     # given as revision too; a local folder records none.
@@ -905,7 +891,7 @@ def test_a_hub_teachers_commit_is_recorded(tmp_path, tokenizer, bidirectional_mo
     bidirectional_model.save_pretrained(teacher)
     tokenizer.save_pretrained(teacher)
     main_commit, v1_commit = "a" * 40, "b" * 40
-    _hub_cache(
+    build_hub_cache(
         tmp_path, monkeypatch, "me/teacher", {"main": (main_commit, teacher), "v1": (v1_commit, teacher)}
     )
     rows = ROWS[:2]

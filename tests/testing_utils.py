@@ -266,3 +266,51 @@ def registered_benchmark(name: str, benchmark) -> Iterator:
     finally:
         BENCHMARKS.clear()
         BENCHMARKS.update(before)
+
+
+_REMOTE_CODE = {
+    "configuration_my.py": "from transformers import Qwen3Config\n\n\nclass MyConfig(Qwen3Config):\n"
+    '    model_type = "mydlm"\n',
+    "modeling_my.py": "from transformers import Qwen3ForCausalLM\n\nfrom .configuration_my import MyConfig\n\n\n"
+    "class MyModel(Qwen3ForCausalLM):\n    config_class = MyConfig\n",
+    "tokenization_my.py": "from transformers import PreTrainedTokenizerFast\n\n\n"
+    "class MyTokenizer(PreTrainedTokenizerFast):\n    pass\n",
+}
+
+
+def add_remote_code(folder: Path, auto_class: str = "AutoModelForCausalLM", tokenizer: bool = False) -> None:
+    """Make a saved Qwen3 checkpoint one that ships its own code (``model_type`` ``mydlm``, in its ``auto_map``
+    under ``auto_class``); with ``tokenizer``, its tokenizer class too."""
+    import json
+
+    for name, code in _REMOTE_CODE.items():
+        (folder / name).write_text(code)
+    config = json.loads((folder / "config.json").read_text())
+    config |= {
+        "model_type": "mydlm",
+        "architectures": ["MyModel"],
+        "auto_map": {"AutoConfig": "configuration_my.MyConfig", auto_class: "modeling_my.MyModel"},
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    if tokenizer:
+        tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text())
+        tokenizer_config |= {
+            "tokenizer_class": "MyTokenizer",
+            "auto_map": {"AutoTokenizer": [None, "tokenization_my.MyTokenizer"]},
+        }
+        (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+
+
+def build_hub_cache(tmp_path: Path, monkeypatch, repo: str, snapshots: dict[str, tuple[str, Path]]) -> None:
+    """A Hub cache holding ``repo`` (``revision -> (commit, folder)``), as a download leaves it; offline."""
+    import shutil
+
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hub"
+    folder = cache / f"models--{repo.replace('/', '--')}"
+    (folder / "refs").mkdir(parents=True)
+    for revision, (commit, source) in snapshots.items():
+        (folder / "refs" / revision).write_text(commit)
+        shutil.copytree(source, folder / "snapshots" / commit, dirs_exist_ok=True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
