@@ -127,7 +127,7 @@ def check_model_source(name_or_path: str, **hub_kwargs: Any) -> None:
         ]
         if not any(isinstance(path, str) for path in cached):
             revision = hub_kwargs.get("revision")
-            what = f"revision {revision!r} of the Hub repo" if revision else "the Hub repo"
+            what = "the Hub repo" if revision in (None, "main") else f"revision {revision!r} of the Hub repo"
             raise FileNotFoundError(
                 f"model {name_or_path!r}: no such folder, and offline (HF_HUB_OFFLINE=1) {what} "
                 f"{name_or_path!r} is not in the local cache"
