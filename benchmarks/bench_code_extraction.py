@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import ast
 import json
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -28,6 +27,7 @@ from pathlib import Path
 
 from t3d_trl.evaluation.benchmarks import humaneval_checker, mbpp_checker
 from t3d_trl.evaluation.sandbox import CODE_EXTRACTION_RULES, entry_point_from_tests
+from t3d_trl.utils import usable_cpus
 
 MBPP_FILE = Path(__file__).resolve().parent.parent / "tests" / "data" / "mbpp_reference.jsonl"
 
@@ -105,7 +105,7 @@ def measure(limit: int | None, workers: int, timeout: float) -> dict[str, dict[s
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="first 10 tasks of each benchmark")
-    parser.add_argument("--workers", type=int, default=max(1, min(4, os.cpu_count() or 1)))
+    parser.add_argument("--workers", type=int, default=max(1, min(4, usable_cpus())))
     # Generous: on a loaded machine a correct MBPP solution (task 64) can pass the default 10 s.
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds per program")
     args = parser.parse_args(argv)

@@ -81,6 +81,7 @@ from t3d_trl.demo.quickstart import (
 )
 from t3d_trl.demo.tasks import get_task
 from t3d_trl.trainer import EvaluateAtSteps
+from t3d_trl.utils import usable_cpus
 
 TASKS = ("wordsort", "wordset")
 # 3e-2, 1e-2 and 3e-3 were added after 1e-3, the top of the first grid, won everywhere (docs/method_study.md).
@@ -974,7 +975,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--workers",
         type=int,
-        default=os.cpu_count() or 1,
+        default=usable_cpus(),
         help="models trained at once, one process each (default: one per available core)",
     )
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")

@@ -38,6 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from types import ModuleType
 
 from t3d_trl.evaluation.sandbox import build_program, run_programs
+from t3d_trl.utils import usable_cpus
 
 WRONG_BODY = "    return None\n"
 _ACTIVE_EXEC = re.compile(r"^\s*exec\(check_program, exec_globals\)", re.MULTILINE)
@@ -109,9 +110,7 @@ def run_reference(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--workers", type=int, default=os.cpu_count() or 1, help="parallel programs, both sides"
-    )
+    parser.add_argument("--workers", type=int, default=usable_cpus(), help="parallel programs, both sides")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per side (median is reported)")
     parser.add_argument("--timeout", type=float, default=10.0, help="per-program time limit, both sides (s)")
     parser.add_argument("--limit", type=int, default=None, help="use only the first N problems")

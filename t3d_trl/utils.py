@@ -123,6 +123,14 @@ def resolve_dtype(dtype: Any) -> Any:
     return resolved
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask, which a container or ``taskset`` narrows;
+    ``os.cpu_count()`` counts the whole machine), at least 1."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
 def launched_processes() -> int:
     """How many processes a launcher (torchrun, accelerate, MPI) says it started; 1 without one."""
     return max(int(os.environ.get(name) or 1) for name in _WORLD_SIZE_VARIABLES)

@@ -80,6 +80,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from ..utils import usable_cpus
+
 # CODE_EXTRACTION_RULES and extract_code are defined in code_extraction and only re-exported here (their old
 # import path, kept for external code); the package itself imports them from code_extraction.
 from .code_extraction import (
@@ -438,14 +440,6 @@ def build_program(code: str, tests: str | Sequence[str], entry_point: str | None
             raise ValueError(f"entry_point must be a Python identifier, got {entry_point!r}")
         parts += ["", f"check({entry_point})"]
     return "\n".join(parts) + "\n"
-
-
-def usable_cpus() -> int:
-    """The CPUs this process may run on (its affinity mask, which a container or ``taskset`` narrows;
-    ``os.cpu_count()`` counts the whole machine), at least 1."""
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return os.cpu_count() or 1
 
 
 def _code_for(
