@@ -423,7 +423,7 @@ def test_benchmark_script_runs_quick_and_ends_with_one_json_line(script):
         (
             "bench_generation",
             ["--compile-only", "--block", "48"],
-            "--block 48 must be a multiple of 4 that divides the new tokens of --compile-only (64)",
+            "--block 48 must be a multiple of 4 that divides the new tokens of the compiled step (64)",
         ),
         ("bench_throughput", ["--device", "cuda"], "--device cuda: torch sees no CUDA device here"),
     ],

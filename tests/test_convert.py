@@ -158,6 +158,11 @@ def test_dtype_cast(tmp_path):
         convert_checkpoint(src, tmp_path / "bad", dtype="float8_e4m3fn")
     with pytest.raises(ValueError, match="got 'bf16'"):
         convert_checkpoint(src, tmp_path / "bad", dtype="bf16")
+    # "auto" (as the other commands take it) keeps the source's dtype, as None does.
+    kept = convert_checkpoint(src, tmp_path / "auto", dtype="auto")
+    with safe_open(kept / "model.safetensors", framework="pt") as f:
+        names = f.keys()
+        assert {f.get_tensor(k).dtype for k in names} == {torch.float32}
 
 
 def test_missing_shard_is_named(tmp_path):

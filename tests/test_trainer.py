@@ -230,6 +230,16 @@ def test_student_states_are_made_in_training_step_and_counted_before(
     assert all(not torch.equal(a["loss_mask"], b["loss_mask"]) for a, b in zip(seen, micro_batches))
 
 
+def test_the_student_states_share_counts_every_row(tokenizer, trajectories, tmp_path):
+    """Steps that move no row count too (they were left out, which biased the share up: 0.75 for a ratio of 0.2)."""
+    args = config(
+        tmp_path, loss_type="td", student_state_ratio=0.25, per_device_train_batch_size=2, max_steps=8
+    )
+    trainer = train(tokenizer, trajectories["bidirectional"], args)
+    shares = [h["student_states"] for h in trainer.state.log_history if "loss" in h]
+    assert len(shares) == 8 and 0.0 in shares and set(shares) <= {0.0, 0.5, 1.0}
+
+
 def test_gradient_accumulation_normalises_over_the_whole_step(tokenizer, trajectories, tmp_path):
     full = train(
         tokenizer, trajectories["bidirectional"], config(tmp_path / "a", loss_type="t3d", max_steps=1)

@@ -901,6 +901,12 @@ def test_a_hub_teachers_commit_is_recorded(tmp_path, tokenizer, bidirectional_mo
         assert TrajectoryMetadata.from_dataset(dataset).teacher_revision == expected
     local = collect(str(teacher), None, tmp_path / "local", rows=rows)
     assert TrajectoryMetadata.from_dataset(local).teacher_revision is None
+    # A collection recorded before commits were resolved (a branch name, or none) still resumes.
+    for recorded in (None, "v1"):
+        manifest = json.loads((tmp_path / "run-v1" / "collection.json").read_text())
+        manifest["metadata"]["teacher_revision"] = recorded
+        (tmp_path / "run-v1" / "collection.json").write_text(json.dumps(manifest))
+        assert len(collect("me/teacher", None, tmp_path / "run-v1", rows=rows, teacher_revision="v1")) == 2
 
 
 def test_a_push_to_a_bare_repo_name_names_the_namespaced_repo(

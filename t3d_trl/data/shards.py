@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -160,6 +161,10 @@ def check_manifest(output_dir: Path, manifest: dict[str, Any], is_main: bool, ba
     current["metadata"].pop("t3d_trl_version", None)
     if "teacher_weights" not in saved:  # a collection started before the fingerprint was recorded
         current.pop("teacher_weights", None)
+    if not re.fullmatch(r"[0-9a-f]{40}", str(saved["metadata"].get("teacher_revision"))):
+        # Recorded before Hub commits were resolved (a branch name, or none): the weights fingerprint checks it.
+        saved["metadata"].pop("teacher_revision", None)
+        current["metadata"].pop("teacher_revision", None)
     diffs = _differences(saved, current)
     if diffs:
         raise ValueError(

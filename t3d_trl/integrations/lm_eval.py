@@ -317,11 +317,12 @@ class DiffusionLM(TemplateLM):
                 results[i] = completion
                 self.cache_hook.add_partial("generate_until", requests[i].args, completion)
             kept = [k for k, i in enumerate(indices) if i < real]
+            seconds = out.seconds * len(kept) / len(indices)  # the padding's share of the time goes with it
             counts = (
                 len(kept),
                 sum(out.num_tokens[k] for k in kept),
                 sum(out.nfe[k] for k in kept),
-                out.seconds,
+                seconds,
             )
             for k, value in enumerate(counts):
                 totals[k] += value

@@ -124,6 +124,7 @@ def convert_checkpoint(
             f"published families {sorted(FAMILIES)}. Checkpoints transformers already knows need no conversion."
         )
     config = family.native_config(raw)
+    dtype = None if dtype == "auto" else dtype  # the source's, as None
     if dtype is not None:
         dtype = config.dtype = resolve_dtype(dtype)
     tokenizer = family.load_tokenizer(src, config, hub_kwargs)

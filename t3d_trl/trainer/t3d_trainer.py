@@ -423,6 +423,8 @@ class T3DTrainer(MetricsMixin, _BaseTrainer):
         chosen = self._student_state_rows(
             inputs["input_ids"].shape[0], micro_batch, inputs["loss_mask"].device
         )
+        # The share of rows moved, a training metric: recorded on every micro-batch and process (it gathers).
+        self._record({"student_states": (chosen.sum(), torch.ones_like(chosen).sum())}, mode="train")
         if not chosen.any():
             return inputs
         out, _ = make_student_states(
@@ -435,8 +437,6 @@ class T3DTrainer(MetricsMixin, _BaseTrainer):
             self.args.tokens_per_step,
             labels=self.args.student_state_labels,
         )
-        # A training metric, though the model may still be in eval mode (before training_step's model.train()).
-        self._record({"student_states": (chosen.sum(), torch.tensor(chosen.numel()))}, mode="train")
         return out
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
