@@ -145,7 +145,7 @@ def run(config: CollectConfig) -> datasets.Dataset:
     from ..data.hub import push_trajectories_to_hub
     from ..data.processes import process_group
     from ..data.trajectories import collect_trajectories, collection_summary
-    from ..models.auto import check_model_source, load_tokenizer
+    from ..models.auto import check_model_source
 
     check_dataset_source(config.dataset_name)  # one line instead of datasets' Hub traceback
     source = load_source_dataset(config.dataset_name, config.dataset_config, config.dataset_split)
@@ -153,18 +153,11 @@ def run(config: CollectConfig) -> datasets.Dataset:
     if config.limit is not None:
         source = source.select(range(min(config.limit, len(source))))
     model_kwargs: dict[str, Any] = {"dtype": resolve_dtype(config.dtype)}
-    tokenizer = config.tokenizer_name_or_path
-    if config.trust_remote_code:  # collect_trajectories loads a tokenizer by name without it
+    if config.trust_remote_code:  # the teacher's code and its tokenizer's
         model_kwargs["trust_remote_code"] = True
-        own = tokenizer is None  # the teacher's own tokenizer is at its revision
-        tokenizer = load_tokenizer(
-            tokenizer or config.model_name_or_path,
-            revision=config.model_revision if own else None,
-            trust_remote_code=True,
-        )
     dataset = collect_trajectories(
         config.model_name_or_path,
-        tokenizer,
+        config.tokenizer_name_or_path,
         source,
         config.prompt_template,
         output_dir=config.output_dir,

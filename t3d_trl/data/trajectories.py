@@ -134,6 +134,8 @@ def _resolve_model(
     """Load a teacher given by name (onto this process's GPU, if any) and its tokenizer."""
     from ..models.auto import load_tokenizer
 
+    # A tokenizer that ships its own code needs the permission its model was given.
+    remote = {"trust_remote_code": True} if model_kwargs.get("trust_remote_code") else {}
     if isinstance(model, str):
         from ..models.auto import AutoModelForDiffusionLM
 
@@ -142,13 +144,13 @@ def _resolve_model(
         if torch.cuda.is_available() and "device_map" not in model_kwargs:
             model.to(torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))))
         if tokenizer is None:
-            tokenizer = load_tokenizer(name, revision=revision)
+            tokenizer = load_tokenizer(name, revision=revision, **remote)
     if tokenizer is None:
         tokenizer = getattr(model, "name_or_path", None)
         if not tokenizer:
             raise ValueError("pass a tokenizer: the model has no name or path to load one from")
     if isinstance(tokenizer, str):
-        tokenizer = load_tokenizer(tokenizer)
+        tokenizer = load_tokenizer(tokenizer, **remote)
     return model.eval(), tokenizer
 
 
@@ -252,19 +254,17 @@ def _hub_commit(name: str, revision: str | None) -> str | None:
     """The commit of Hub repo ``name`` at ``revision`` (a branch, tag or commit; default ``main``), read from the
     local cache ``from_pretrained`` loaded it from (transformers 5 no longer sets ``config._commit_hash``);
     ``None`` for a local folder or a revision not in the cache."""
-    from huggingface_hub import try_to_load_from_cache
     from huggingface_hub.errors import HFValidationError
+
+    from ..models.auto import cached_checkpoint_file
 
     if not name or os.path.isdir(name):
         return None
-    for filename in ("config.json", "adapter_config.json"):  # a model's, a peft adapter's
-        try:
-            path = try_to_load_from_cache(name, filename, revision=revision)
-        except HFValidationError:  # not a repo id
-            return None
-        if isinstance(path, str):
-            return Path(path).parent.name  # .../snapshots/<commit>/config.json
-    return None
+    try:
+        path = cached_checkpoint_file(name, revision=revision)
+    except HFValidationError:  # not a repo id
+        return None
+    return None if path is None else Path(path).parent.name  # .../snapshots/<commit>/config.json
 
 
 def _teacher_settings(
@@ -309,8 +309,7 @@ def _teacher_settings(
     metadata = TrajectoryMetadata(
         teacher=teacher_name(getattr(model, "name_or_path", "") or "unknown"),
         teacher_revision=_hub_commit(getattr(model, "name_or_path", ""), teacher_revision)
-        or teacher_revision
-        or getattr(model.config, "_commit_hash", None),
+        or teacher_revision,
         mask_token_id=diffusion.mask_token_id,
         attention=diffusion.attention,
         block_length=block_length,

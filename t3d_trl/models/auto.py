@@ -106,7 +106,7 @@ def check_model_source(name_or_path: str, **hub_kwargs: Any) -> None:
                 f"{name_or_path} has no {CONFIG_FILE} (nor a peft {ADAPTER_CONFIG_FILE}): not a model checkpoint"
             )
         return
-    from huggingface_hub import constants, try_to_load_from_cache
+    from huggingface_hub import constants
     from huggingface_hub.errors import HFValidationError
     from huggingface_hub.utils import validate_repo_id
 
@@ -114,24 +114,33 @@ def check_model_source(name_or_path: str, **hub_kwargs: Any) -> None:
         validate_repo_id(name_or_path)
     except HFValidationError as err:
         raise FileNotFoundError(f"model {name_or_path!r}: no such folder (nor a valid Hub repo id)") from err
-    if constants.HF_HUB_OFFLINE or hub_kwargs.get("local_files_only"):
-        subfolder = hub_kwargs.get("subfolder")
-        cached = [
-            try_to_load_from_cache(
-                name_or_path,
-                f"{subfolder}/{name}" if subfolder else name,
-                cache_dir=hub_kwargs.get("cache_dir"),
-                revision=hub_kwargs.get("revision"),
-            )
-            for name in (CONFIG_FILE, ADAPTER_CONFIG_FILE)
-        ]
-        if not any(isinstance(path, str) for path in cached):
-            revision = hub_kwargs.get("revision")
-            what = "the Hub repo" if revision in (None, "main") else f"revision {revision!r} of the Hub repo"
-            raise FileNotFoundError(
-                f"model {name_or_path!r}: no such folder, and offline (HF_HUB_OFFLINE=1) {what} "
-                f"{name_or_path!r} is not in the local cache"
-            )
+    offline = constants.HF_HUB_OFFLINE or hub_kwargs.get("local_files_only")
+    if offline and cached_checkpoint_file(name_or_path, **hub_kwargs) is None:
+        revision = hub_kwargs.get("revision")
+        what = "the Hub repo" if revision in (None, "main") else f"revision {revision!r} of the Hub repo"
+        raise FileNotFoundError(
+            f"model {name_or_path!r}: no such folder, and offline (HF_HUB_OFFLINE=1) {what} "
+            f"{name_or_path!r} is not in the local cache"
+        )
+
+
+def cached_checkpoint_file(name_or_path: str, **hub_kwargs: Any) -> str | None:
+    """The path of Hub repo ``name_or_path``'s ``config.json`` (or a peft adapter's ``adapter_config.json``) in
+    the local cache, at ``hub_kwargs``' ``revision``/``subfolder``/``cache_dir``; ``None`` when it is not cached.
+    Its folder, ``snapshots/<commit>``, names the commit the revision resolved to."""
+    from huggingface_hub import try_to_load_from_cache
+
+    subfolder = hub_kwargs.get("subfolder")
+    for name in (CONFIG_FILE, ADAPTER_CONFIG_FILE):
+        path = try_to_load_from_cache(
+            name_or_path,
+            f"{subfolder}/{name}" if subfolder else name,
+            cache_dir=hub_kwargs.get("cache_dir"),
+            revision=hub_kwargs.get("revision"),
+        )
+        if isinstance(path, str):
+            return path
+    return None
 
 
 def adapter_base_model(name_or_path: str, **hub_kwargs: Any) -> str | None:
@@ -181,12 +190,10 @@ def read_model_kind(name_or_path: str, **hub_kwargs: Any) -> tuple[bool, bool]:
     base = adapter_base_model(name_or_path, **hub_kwargs)
     if base is not None:
         saved = read_json(name_or_path, ADAPTER_DEFAULTS_FILE, hub_kwargs, required=False) or {}
+        base_kind = read_model_kind(base, **_base_kwargs(name_or_path, hub_kwargs))
         if saved.get(DIFFUSION_KEY):
-            attention = saved[DIFFUSION_KEY].get("attention")
-            return attention == "block_causal", read_model_kind(
-                base, **_base_kwargs(name_or_path, hub_kwargs)
-            )[1]
-        return read_model_kind(base, **_base_kwargs(name_or_path, hub_kwargs))
+            return saved[DIFFUSION_KEY].get("attention") == "block_causal", base_kind[1]
+        return base_kind
     raw = read_json(name_or_path, CONFIG_FILE, hub_kwargs, required=False) or {}
     family = get_family(raw.get("model_type"))
     if raw.get(DIFFUSION_KEY):

@@ -2,9 +2,9 @@
 
 Loss terms, DDO log-ratios, masked-token accuracy and entropy are recorded as sums and counts (of masked tokens,
 or of rows for DDO's terms) over every micro-batch and process, and logged with the trainer's logs as total sum /
-total count, so a metric weighs every token alike whatever the batch size or number of processes; evaluation draws every state as in epoch 0, so evaluations are
-comparable across training, and a dataset passed to ``evaluate`` or ``predict`` is checked and prepared as the
-training set is.
+total count, so a metric weighs every token alike whatever the batch size or number of processes. Evaluation
+draws every state as in epoch 0, so evaluations are comparable across training, and a dataset passed to
+``evaluate`` or ``predict`` is checked and prepared as the training set is.
 """
 
 from __future__ import annotations
