@@ -78,6 +78,25 @@ def test_an_indented_fence_loses_its_indent() -> None:
     assert extract_code("- item\n  ```python\n      return a + b\n  ```") == "    return a + b\n"
 
 
+def test_tilde_and_longer_fences() -> None:
+    solution = "def add(a, b):\n    return a + b\n"
+    # CommonMark's other fence: tildes, at the start of a line; prose's "~~~" opens nothing.
+    assert extract_code(f"Here:\n~~~python\n{solution}~~~\nDone.", "add") == solution
+    assert extract_code(f"~~~ {{.python}}\n{solution}~~~", rule="last_block") == solution
+    assert (
+        extract_code("1. The function:\n   ~~~\n   def f():\n       return 1\n   ~~~")
+        == "def f():\n    return 1\n"
+    )
+    assert extract_code(f"~~~python\n{solution}") == solution  # unclosed: runs to the end
+    assert extract_code("it is about ~~~ long") is None
+    assert completion_code("x ~~~ y\n") == "x ~~~ y\n"  # no fence: run as it is
+    # A fence closes with at least as many of its own characters, so a longer one can hold a shorter one.
+    nested = f"````markdown\n```python\n{solution}```\n````\n```python\nprint(add(1, 2))\n```"
+    assert extract_code(nested, rule="last_block") == "print(add(1, 2))\n"
+    assert extract_code("````python\nx = '```'\n````") == "x = '```'\n"
+    assert extract_code(f"~~~python\nx = '```'\n~~~\n```python\n{solution}```", "add") == solution
+
+
 def test_entry_point_from_tests() -> None:
     assert entry_point_from_tests(["assert set(similar((3, 4), (5, 4))) == set((4, 5))"]) == "similar"
     assert entry_point_from_tests(["assert math.isclose(area(2), 12.56, rel_tol=0.001)"]) == "area"

@@ -26,8 +26,14 @@ _PYTHON_TAGS = {"python", "py", "python3", "py3"}
 #: How code is cut out of a completion (:func:`extract_code`): evalplus-like, or the paper's last block.
 CODE_EXTRACTION_RULES = ("entry_point", "last_block")
 CodeExtraction = Literal["entry_point", "last_block"]
-# The blanks before a fence that starts its line (group 1) are its indent (a fence nested in a list item).
-_FENCED_BLOCK_RE = re.compile(r"(^[ \t]*)?```([^\n`]*)\n(.*?)```", re.DOTALL | re.MULTILINE)
+# A fence opens with three or more backticks (anywhere on a line, as models write them; no backtick in its info
+# string) or tildes (at the start of a line, so that prose's ``~~~`` is not one), and closes with at least as many
+# of the same character. The blanks before an opening fence that starts its line are its indent (a fence nested in
+# a list item).
+_FENCE_OPEN_RE = re.compile(
+    r"(?P<indent>^[ \t]*)?(?P<fence>`{3,})(?P<info>[^\n`]*)\n|^(?P<indent2>[ \t]*)(?P<fence2>~{3,})(?P<info2>[^\n]*)\n",
+    re.MULTILINE,
+)
 
 
 def _unindent(body: str, indent: int) -> str:
@@ -40,22 +46,26 @@ def _unindent(body: str, indent: int) -> str:
 
 
 def _fenced_blocks(completion: str) -> list[tuple[str, str]]:
-    """``(language tag, body)`` of every fenced block, in order; an unclosed last fence runs to the end. The
-    body of an indented fence loses that indent (:func:`_unindent`)."""
+    """``(language tag, body)`` of every fenced block (backticks or tildes), in order; an unclosed last fence
+    runs to the end. The body of an indented fence loses that indent (:func:`_unindent`)."""
     blocks: list[tuple[str, str]] = []
-    end = 0
-    for match in _FENCED_BLOCK_RE.finditer(completion):
-        blocks.append((match.group(2).strip().lower(), _unindent(match.group(3), len(match.group(1) or ""))))
-        end = match.end()
-    tail = completion[end:]
-    fence = tail.find("```")
-    if fence != -1:
-        header, newline, body = tail[fence + 3 :].partition("\n")
-        if newline and "`" not in header:
-            before = tail[tail.rfind("\n", 0, fence) + 1 : fence]
-            indent = len(before) if not before.strip(" \t") else 0
-            blocks.append((header.strip().lower(), _unindent(body, indent)))
+    position = 0
+    while (opening := _FENCE_OPEN_RE.search(completion, position)) is not None:
+        fence = opening.group("fence") or opening.group("fence2")
+        indent = opening.group("indent") or opening.group("indent2") or ""
+        info = opening.group("info") if opening.group("fence") else opening.group("info2")
+        closing = re.compile(f"{re.escape(fence[0])}{{{len(fence)},}}").search(completion, opening.end())
+        body = completion[opening.end() : closing.start() if closing else len(completion)]
+        blocks.append((info.strip().lower(), _unindent(body, len(indent))))
+        if closing is None:
+            break
+        position = closing.end()
     return blocks
+
+
+def _has_fence(completion: str) -> bool:
+    """Whether ``completion`` holds a fence, even one that opens no block (no line after it)."""
+    return "```" in completion or re.search(r"^[ \t]*~~~", completion, re.MULTILINE) is not None
 
 
 def _parses(code: str) -> ast.Module | None:
@@ -204,6 +214,6 @@ def completion_code(
     if not isinstance(completion, str):
         raise TypeError(f"completion must be a str, got {type(completion).__name__}")
     code = extract_code(completion, entry_point, rule)
-    if code is None and "```" not in completion:
+    if code is None and not _has_fence(completion):
         return completion
     return code
