@@ -1015,6 +1015,15 @@ def parse_args() -> argparse.Namespace:
         args.protocol = task_protocol(args.task, args.tuning_file)
     except (OSError, ValueError) as error:
         parser.error(f"--tuning_file {args.tuning_file}: {error}")
+    if (
+        args.tune
+        and 0 not in args.tune_temperatures
+        and not any(reads_teacher(OBJECTIVES[name][0]) for name in args.tune_objectives)
+    ):  # an objective that reads no trajectories is tuned at temperature 0 only: the grid would be empty
+        parser.error(
+            f"--tune_objectives {' '.join(args.tune_objectives)} read no teacher trajectories and are tuned at "
+            "temperature 0 only: add 0 to --tune_temperatures"
+        )
     args.variants = list(args.variants or args.protocol.get("variants", DEFAULT_VARIANTS))
     # every comparison is against the teacher: it is always measured (or its results read)
     if "teacher" not in args.variants:

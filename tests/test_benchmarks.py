@@ -834,6 +834,19 @@ def test_method_study_always_measures_the_teacher(study, monkeypatch, capsys):
     assert exit_.value.code == 2 and "error: --variants: unknown ['foo']" in capsys.readouterr().err
 
 
+def test_method_study_refuses_an_empty_tuning_grid(study, monkeypatch, capsys):
+    # The SFT baseline reads no trajectories, so it is tuned at temperature 0 only: without 0 nothing would run.
+    argv = ["bench_method_study.py", "--tune", "--tune_objectives", "mdlm", "--tune_temperatures", "1"]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as exit_:
+        study.parse_args()
+    assert exit_.value.code == 2 and "add 0 to --tune_temperatures" in capsys.readouterr().err
+    monkeypatch.setattr(sys, "argv", [*argv, "0"])
+    assert study.parse_args().tune_temperatures == [1.0, 0.0]
+    monkeypatch.setattr(sys, "argv", [*argv[:3], "mdlm", "td", *argv[4:]])
+    assert study.parse_args().tune_objectives == ["mdlm", "td"]
+
+
 @pytest.fixture
 def sweep(monkeypatch):
     """``benchmarks/sweep_demo_distillation.py`` as a module."""
