@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from datasets import DatasetDict
 from testing_utils import add_remote_code, build_bidirectional_model, build_trajectories, free_port
 
 from t3d_trl import DiffusionGenerationConfig
@@ -65,15 +66,23 @@ def test_two_process_cli_run_matches_the_one_process_python_api(tokenizer, files
     from t3d_trl import load_trajectories
 
     model_dir, data_dir = files
+    # An evaluation split of 3 rows: over 2 processes of 2 rows, accelerate repeats row 0 to fill the last batch.
+    data = load_trajectories(str(data_dir))
+    split_dir = tmp_path / "splits"
+    DatasetDict({"train": data, "test": data.select(range(3))}).save_to_disk(split_dir)
+    evaluation = dict(eval_strategy="steps", eval_steps=1, per_device_eval_batch_size=2)
     # One process, Python API, batch of 4.
     single = T3DTrainer(
         build_bidirectional_model(tokenizer, seed=1),
-        T3DConfig(output_dir=str(tmp_path / "single"), per_device_train_batch_size=4, **SETTINGS),
-        train_dataset=load_trajectories(str(data_dir)),
+        T3DConfig(
+            output_dir=str(tmp_path / "single"), per_device_train_batch_size=4, **evaluation, **SETTINGS
+        ),
+        train_dataset=data,
+        eval_dataset=data.select(range(3)),
         processing_class=tokenizer,
     )
     single.train()
-    expected = single.state.log_history[0]
+    expected, expected_eval = single.state.log_history[:2]
 
     # Two processes (gloo on the CPU), 2 rows each, launched by the command itself. `accelerate launch --cpu` starts
     # one process (multi-CPU wants MPI); a MULTI_GPU config starts torchrun workers, which run on the CPU here.
@@ -86,17 +95,28 @@ def test_two_process_cli_run_matches_the_one_process_python_api(tokenizer, files
     # make each a separate one-process run: 2 copies, epoch 0.5 per step).
     settings = {} if torch.accelerator.is_available() else {"use_cpu": False}
     capfd.readouterr()
-    assert main(["train", "--config", launch_recipe(files, tmp_path, "cli", launcher, **settings)]) == 0
+    recipe = launch_recipe(
+        (model_dir, split_dir), tmp_path, "cli", launcher, eval_split="test", **evaluation, **settings
+    )
+    assert main(["train", "--config", recipe]) == 0
     captured = capfd.readouterr()
     assert captured.out.count("model saved to") == 1  # not once per process
     assert "FutureWarning" not in captured.err and "pin_memory" not in captured.err
     assert "find_unused_parameters" not in captured.err  # every parameter is used: DDP need not search
 
     out = tmp_path / "cli"
-    log = json.loads((out / "trainer_state.json").read_text())["log_history"][0]
+    log, log_eval = json.loads((out / "trainer_state.json").read_text())["log_history"][:2]
     assert log["epoch"] == 1.0  # 2 processes x 2 rows: one step covers the 4 rows (one process would do 0.5)
     assert log["loss"] == pytest.approx(expected["loss"], rel=1e-4)
     assert log["grad_norm"] == pytest.approx(expected["grad_norm"], rel=1e-4)
+    # The evaluation counts each of the 3 rows once, as one process does (not the repeated row 0 twice).
+    scores = {
+        k: v
+        for k, v in expected_eval.items()
+        if k.startswith("eval_") and not k.endswith(("runtime", "second"))
+    }
+    assert {"eval_loss", "eval_loss/ddo", "eval_masked_token_accuracy"} <= set(scores)
+    assert {k: log_eval[k] for k in scores} == pytest.approx(scores, rel=1e-4)
     saved = json.loads((out / "config.json").read_text())
     assert DiffusionGenerationConfig.from_dict(saved["diffusion_generation"]).tokens_per_step == 2
     assert "- t3d" in (out / "README.md").read_text()

@@ -2,9 +2,10 @@
 
 Loss terms, DDO log-ratios, masked-token accuracy and entropy are recorded as sums and counts (of masked tokens,
 or of rows for DDO's terms) over every micro-batch and process, and logged with the trainer's logs as total sum /
-total count, so a metric weighs every token alike whatever the batch size or number of processes. Evaluation
-draws every state as in epoch 0, so evaluations are comparable across training, and a dataset passed to
-``evaluate`` or ``predict`` is checked and prepared as the training set is.
+total count, so a metric weighs every token alike whatever the batch size or number of processes (the rows
+accelerate repeats to even out an evaluation's last batch over processes are left out). Evaluation draws every
+state as in epoch 0, so evaluations are comparable across training, and a dataset passed to ``evaluate`` or
+``predict`` is checked and prepared as the training set is.
 """
 
 from __future__ import annotations
@@ -94,8 +95,26 @@ class MetricsMixin:
         output.metrics.update(self._mean_metrics("eval", f"{metric_key_prefix}_"))
         return output
 
+    def _without_repeated_rows(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``inputs`` with the rows accelerate repeated from the start of the set to even out the last batch over
+        processes (``even_batches``) taken out of the loss and the metrics, as ``gather_for_metrics`` drops them:
+        of the last round's batches, gathered in process order, only the first ``remainder`` rows are real."""
+        accelerator, state = self.accelerator, self.accelerator.gradient_state
+        if accelerator.num_processes == 1 or not accelerator.even_batches or not state.end_of_dataloader:
+            return inputs
+        if state.remainder <= 0:  # the set fills its last round (0), or has no length (-1)
+            return inputs
+        rows = inputs["loss_mask"].shape[0]
+        first = accelerator.process_index * rows
+        real = torch.arange(first, first + rows, device=inputs["loss_mask"].device) < state.remainder
+        return {
+            **inputs,
+            "loss_mask": inputs["loss_mask"] & real[:, None],
+            "target_mask": inputs["target_mask"] & real[:, None],
+        }
+
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
-        inputs = self._prepare_inputs(inputs)
+        inputs = self._without_repeated_rows(self._prepare_inputs(inputs))
         with torch.no_grad(), self.compute_loss_context_manager():
             loss = self.compute_loss(model, inputs)
         return loss.detach(), None, None
