@@ -371,6 +371,10 @@ def denoise_step(
             1, cols, score
         )
     row_active = masked.any(-1)
+    if (
+        config.threshold is None
+    ):  # a row with nothing scheduled now would skip this step alone: not its forward
+        row_active &= quota > 0
     state.nfe += row_active.long()
     if config.threshold is None:
         commit = select_static(score, masked, quota)
