@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from testing_utils import build_bidirectional_model, build_block_causal_model
+from testing_utils import build_bidirectional_model, build_block_causal_model, build_trajectories
 
-from t3d_trl import DiffusionConfig
+from t3d_trl import DiffusionConfig, DiffusionGenerationConfig, T3DConfig, T3DTrainer
 from t3d_trl.data.collator import DataCollatorForDiffusion, diffusion_attention_mask, teacher_state
 from t3d_trl.models.forward import diffusion_forward
 from t3d_trl.models.masks import block_attention_mask, padding_attention_mask
@@ -244,21 +244,44 @@ def test_reference_state_sampling_weighs_the_block_on_a_bidirectional_canvas(tok
     assert np.mean(fully_masked) > 0.85
 
 
-def test_path_step_of_a_partial_first_block_follows_the_sampler_quota(tokenizer):
+@pytest.mark.parametrize(
+    "schedule, partial, full",
+    [("llada", [1, 2], [1, 1, 2, 2]), ("sdar", [1, 1], [1, 1, 2, 2]), ("dream", [2, 2], [1, 2, 2, 2])],
+)
+def test_path_step_follows_the_quota_of_the_students_schedule(tokenizer, schedule, partial, full):
     # Prompt of 6 tokens, block 4: the first block holds 2 completion tokens (and so does the last). At TokPS 2
-    # the sampler spreads them over the block's 2 steps (one each); path_step must say the same, for every block.
+    # the sampler splits each block over 2 steps by its schedule: a partial block 1 + 1 (llada), 2 + 0 (sdar),
+    # 0 + 2 (dream), a full one 2 + 2, 2 + 2, 1 + 3. path_step must say the same, for every block.
     model = build_block_causal_model(tokenizer)
     prompt = torch.tensor([[5, 6, 7, 8, 9, 10]])
     out = model.diffusion_generate(
-        prompt, max_new_tokens=12, block_length=4, tokens_per_step=2, stop_at_eos=False,
+        prompt, max_new_tokens=12, block_length=4, tokens_per_step=2, schedule=schedule, stop_at_eos=False,
         return_dict_in_generate=True,
     )  # fmt: skip
     steps = out.decode_steps[0]
     row = {"prompt_ids": prompt[0].tolist(), "completion_ids": out.sequences[0, -12:].tolist()}
-    batch = collate(model, tokenizer, [{**row, "decode_step": steps.tolist()}], tokens_per_step=2)
-    keep = batch["target_mask"][0]
-    assert batch["path_step"][0][keep].tolist() == ((steps - 1) % 2 + 1).tolist()
-    assert sorted(batch["path_step"][0][keep][:2].tolist()) == [1, 2]  # one token per step, not [1, 1]
+    batch = collate(
+        model, tokenizer, [{**row, "decode_step": steps.tolist()}], tokens_per_step=2, schedule=schedule
+    )
+    path_step = batch["path_step"][0][batch["target_mask"][0]]
+    assert path_step.tolist() == ((steps - 1) % 2 + 1).tolist()
+    assert sorted(path_step[:2].tolist()) == partial and sorted(path_step[2:6].tolist()) == full
+
+
+def test_the_trainer_collates_with_the_students_decoding_schedule(tokenizer, tmp_path):
+    # A Dream-style student decodes a block of 4 at TokPS 2 as 1 + 3 tokens: its path steps must count that.
+    data = build_trajectories(
+        build_bidirectional_model(tokenizer, seed=1), tokenizer, ["hello"], max_new_tokens=8
+    )
+    student = build_bidirectional_model(tokenizer, seed=1)
+    DiffusionGenerationConfig(schedule="dream").save_to_model_config(student.config)
+    args = T3DConfig(
+        output_dir=str(tmp_path), loss_type="td", tokens_per_step=2, report_to="none", disable_tqdm=True
+    )
+    trainer = T3DTrainer(student, args, train_dataset=data, processing_class=tokenizer)
+    assert trainer.data_collator.schedule == "dream"
+    path_step = trainer.data_collator([trainer.train_dataset[0]])["path_step"][0]
+    assert sorted(path_step[:4].tolist()) == [1, 2, 2, 2]  # llada's split would give [1, 1, 2, 2]
 
 
 def test_path_step_counts_student_steps_in_decoding_order(tokenizer):

@@ -9,11 +9,12 @@ from tokenizers import processors
 
 from t3d_trl.data.preparation import prepare_training_dataset
 from t3d_trl.data.prompts import build_prompts, render_prompt
+from t3d_trl.diffusion.config import DiffusionConfig
 
 GOOD = {"id": "a", "prompt_ids": [5, 6, 7], "completion_ids": [8, 9, 2], "decode_step": [1, 2, 3]}
 
 
-def prepare(rows, loss_type="t3d", tokenizer=None):
+def prepare(rows, loss_type="t3d", tokenizer=None, diffusion=None, block_length=4):
     return prepare_training_dataset(
         datasets.Dataset.from_list(rows),
         "train",
@@ -21,6 +22,8 @@ def prepare(rows, loss_type="t3d", tokenizer=None):
         trajectory_states=loss_type != "mdlm",
         tokenizer=tokenizer,
         vocab_size=VOCAB_SIZE,
+        diffusion=diffusion or DiffusionConfig(mask_token_id=3),
+        block_length=block_length,
         max_positions=256,
         max_prompt_length=None,
         max_completion_length=None,
@@ -68,3 +71,41 @@ def test_mdlm_prompts_get_the_ids_the_teacher_and_the_evaluation_see():
     assert prepared["prompt_ids"] == expected
     assert [ids.count(tokenizer.bos_token_id) for ids in expected] == [1, 1]
     assert prepared["completion_ids"][0] == tokenizer("4", add_special_tokens=False)["input_ids"] + [2]
+
+
+def test_steps_that_do_not_decode_block_by_block_are_refused():
+    # Steps numbered within each block (1..4 again in block 1), as another tool may write them: a state in the middle
+    # of block 0 would mask block 1 too, a state the teacher was never in.
+    good = {
+        "id": "a",
+        "prompt_ids": [5, 6],
+        "completion_ids": [8] * 8,
+        "decode_step": [2, 1, 4, 3, 6, 5, 8, 7],
+    }
+    local = {**good, "id": "b", "decode_step": [2, 1, 4, 3, 2, 1, 4, 3]}
+    assert prepare([good])["decode_step"] == [good["decode_step"]]
+    with pytest.raises(
+        ValueError, match=r"row 1 \(id='b'\): decode_step does not decode block by block in blocks of 4"
+    ):
+        prepare([good, local])
+    # Dynamic decoding (any number of steps per block) is fine as long as the blocks come in order.
+    assert len(prepare([{**good, "decode_step": [1, 1, 1, 1, 2, 3, 3, 9]}])) == 1
+    # Block-causal blocks start at absolute position 0: after a prompt of 2, block 0 holds 2 completion tokens.
+    causal = DiffusionConfig(mask_token_id=3, attention="block_causal", block_size=4)
+    shifted = {**good, "decode_step": [1, 1, 2, 2, 2, 2, 3, 3]}
+    assert len(prepare([shifted], diffusion=causal)) == 1
+    with pytest.raises(ValueError, match="row 0 .* block by block"):
+        prepare([shifted])  # the same steps on a bidirectional canvas: block 0 is the first 4 tokens
+
+
+def test_a_shifted_logit_student_needs_a_prompt(tokenizer):
+    # Dream predicts token i at position i - 1: a completion with no prompt has no position for its first token.
+    dream = DiffusionConfig(mask_token_id=3, shift_logits=True)
+    with pytest.raises(ValueError, match=r"row 1 \(id='b'\): prompt_ids is empty: a shifted-logit student"):
+        prepare([GOOD, {**GOOD, "id": "b", "prompt_ids": []}], diffusion=dream)
+    # Text rows: the first token is the prompt (as a causal LM never predicts its first token).
+    text = prepare([{"text": "abc"}], "mdlm", tokenizer, diffusion=dream)
+    ids = tokenizer("abc")["input_ids"] + [tokenizer.eos_token_id]
+    assert text["prompt_ids"] == [ids[:1]] and text["completion_ids"] == [ids[1:]]
+    plain = prepare([{"text": "abc"}], "mdlm", tokenizer)
+    assert plain["prompt_ids"] == [[]] and plain["completion_ids"] == [ids]

@@ -1,11 +1,16 @@
 """Student states' teacher labels on scripted teachers: the rollout is the teacher's own one-token-per-step
-greedy completion, not its per-position argmax."""
+greedy completion, not its per-position argmax; the student and the teacher see the sampler's state (masks), not
+the collator's random tokens."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from testing_utils import build_bidirectional_model, build_block_causal_model
 
+from t3d_trl import DiffusionConfig
+from t3d_trl.data.collator import DataCollatorForDiffusion, diffusion_attention_mask
+from t3d_trl.models.forward import diffusion_forward
 from t3d_trl.trainer.student_states import decoding_blocks, make_student_states, teacher_rollout
 
 MASK, X, Y, STUDENT, PROMPT = 0, 1, 2, 3, 4
@@ -66,16 +71,17 @@ def two_mode_batch() -> dict[str, torch.Tensor]:
     }
 
 
-def states(labels: str) -> tuple[dict, dict, TwoModeTeacher]:
+def states(labels: str, batch: dict | None = None, scorer=student) -> tuple[dict, dict, TwoModeTeacher]:
     teacher = TwoModeTeacher()
     out, moved = make_student_states(
-        two_mode_batch(),
+        two_mode_batch() if batch is None else batch,
         torch.tensor([True, False]),
-        student,
+        scorer,
         teacher,
         block_length=4,
         is_block_causal=False,
         tokens_per_step=1,
+        mask_token_id=MASK,
         labels=labels,
     )
     return out, moved, teacher
@@ -107,6 +113,87 @@ def test_labels_change_only_the_targets_not_the_student_state():
     assert rollout["input_ids"][0].tolist() == [PROMPT, STUDENT, MASK, MASK, MASK]
     assert rollout["loss_mask"][0].tolist() == [False, True, True, True]
     assert not torch.equal(argmax["targets"], rollout["targets"])
+
+
+@pytest.mark.parametrize("labels", ["argmax", "rollout"])
+def test_student_and_teacher_see_masks_where_the_collator_showed_random_tokens(labels):
+    # The collator showed random tokens (Y, X) at two masked positions of each row. The sampler never holds such
+    # a state: the student's step and the teacher's labels run with masks there, and the random tokens only
+    # return in the training input, at the positions that stay masked.
+    batch = two_mode_batch()
+    batch["input_ids"][:, 1:3] = torch.tensor([Y, X])
+    seen: list[list[int]] = []
+
+    def recording_student(state):
+        seen.extend(state["input_ids"][:, state["keep"]].tolist())
+        return student(state)
+
+    out, moved, teacher = states(labels, batch, recording_student)
+    assert seen == [[MASK, MASK, MASK, MASK]]
+    # What the teacher saw and labelled is the clean-input case's, exactly (a Y shown would decide the answer).
+    clean, _, clean_teacher = states(labels)
+    assert teacher.states == clean_teacher.states and teacher.states[0] == [STUDENT, MASK, MASK, MASK]
+    assert torch.equal(out["targets"], clean["targets"]) and torch.equal(out["loss_mask"], clean["loss_mask"])
+    # Training input: the student's token where it committed (over the random Y), the random X where still masked.
+    assert out["input_ids"][0].tolist() == moved["input_ids"][0].tolist() == [PROMPT, STUDENT, X, MASK, MASK]
+    assert out["input_ids"][1].tolist() == [PROMPT, Y, X, MASK, MASK]  # a row that did not move
+
+
+def tiny_logits(model, block_causal: bool):
+    diffusion = DiffusionConfig.from_model_config(model.config)
+
+    def logits(batch):
+        mask = diffusion_attention_mask(batch, 4, block_causal, torch.float32, True)
+        return diffusion_forward(
+            model, diffusion, batch["input_ids"], mask, batch["position_ids"], keep=batch["keep"]
+        )[0]
+
+    return logits
+
+
+@pytest.mark.parametrize("block_causal", [False, True])
+@pytest.mark.parametrize("labels", ["argmax", "rollout"])
+def test_random_tokens_change_only_the_training_input(tokenizer, block_causal, labels):
+    # The collator draws the same masks with and without random tokens (same seed and row), so student states
+    # made from either batch must commit the same tokens and carry the same labels: those of the mask state.
+    build = build_block_causal_model if block_causal else build_bidirectional_model
+    student_model, teacher_model = build(tokenizer, seed=1), build(tokenizer, seed=2, initializer_range=0.2)
+    rows = [
+        {"prompt_ids": [1, 10, 11, 12, 13, 14, 15], "completion_ids": list(range(20, 32)), "row_index": 0},
+        {"prompt_ids": [1, 10, 11], "completion_ids": list(range(40, 50)), "row_index": 1},
+    ]
+    rows[0]["decode_step"], rows[1]["decode_step"] = list(range(1, 13)), [2, 1, 4, 3, 6, 5, 8, 7, 10, 9]
+    diffusion = DiffusionConfig.from_model_config(student_model.config)
+    made, batches = {}, {}
+    for prob in (0.0, 0.5):
+        collator = DataCollatorForDiffusion(
+            diffusion, 4, tokenizer.pad_token_id, random_token_prob=prob, vocab_size=len(tokenizer), seed=3
+        )
+        batches[prob] = collator(rows)
+        made[prob], _ = make_student_states(
+            batches[prob],
+            torch.ones(2, dtype=torch.bool),
+            tiny_logits(student_model, block_causal),
+            tiny_logits(teacher_model, block_causal),
+            block_length=4,
+            is_block_causal=block_causal,
+            tokens_per_step=2,
+            mask_token_id=tokenizer.mask_token_id,
+            labels=labels,
+        )
+    keep, clean, mixed = batches[0.0]["keep"], made[0.0], made[0.5]
+    shows_random = batches[0.5]["input_ids"][:, keep] != batches[0.0]["input_ids"][:, keep]
+    assert torch.equal(batches[0.5]["loss_mask"], batches[0.0]["loss_mask"]) and shows_random.any()
+    assert torch.equal(mixed["loss_mask"], clean["loss_mask"])
+    assert torch.equal(mixed["targets"], clean["targets"])
+    assert (clean["targets"] != batches[0.0]["targets"]).any()  # the teacher did relabel
+    committed = batches[0.0]["loss_mask"] & ~clean["loss_mask"]
+    assert (committed & shows_random).any()  # the student's proposal replaced a random token
+    # The training input: the student state, with the collator's random tokens where it is still masked.
+    random_left = shows_random & clean["loss_mask"]
+    assert random_left.any()
+    expected = torch.where(random_left, batches[0.5]["input_ids"][:, keep], clean["input_ids"][:, keep])
+    assert torch.equal(mixed["input_ids"][:, keep], expected)
 
 
 def test_unknown_labels_are_refused():
@@ -186,6 +273,7 @@ def test_make_student_states_calls_the_teacher_at_most_block_length_times():
         block_length=4,
         is_block_causal=True,
         tokens_per_step=1,
+        mask_token_id=MASK,
         labels="rollout",
     )
     assert len(calls) == 3  # 4 blocks of 4, one token committed by the student in each: 3 left per block

@@ -797,7 +797,32 @@ def test_logged_metrics_weigh_every_token_alike_across_batches_and_processes(
     trainer._record({"masked_token_accuracy": (torch.tensor(0.0), torch.tensor(1.0))}, mode="eval")
     trainer.accelerator.gather = gather
     # Tokens: 3 + 1 here, 1 + 1 on the other process, 5 of the 6 correct (the mean of means was 0.75).
-    assert trainer._mean_metrics("eval", "eval_") == {"eval_masked_token_accuracy": pytest.approx(5 / 6)}
+    assert trainer._mean_metrics("eval") == {"masked_token_accuracy": pytest.approx(5 / 6)}
+    # A diverged model's NaN shows as NaN, not as a perfect 0.0 (an empty batch sums to 0 without a NaN).
+    trainer._record({"loss/td": (torch.tensor(float("nan")), torch.tensor(3.0))}, mode="eval")
+    trainer._record({"loss/td": (torch.tensor(1.0), torch.tensor(1.0))}, mode="eval")
+    assert math.isnan(trainer._mean_metrics("eval")["loss/td"])
+
+
+@pytest.mark.parametrize("loss_type", ["t3d", "dparallel"])
+def test_eval_loss_is_the_objective_over_the_whole_set(tokenizer, trajectories, tmp_path, loss_type):
+    """transformers averages per-batch losses (its eval_loss moved with the eval batch size); the logged eval_loss is
+    the objective over every token of the set, the sum of its terms as compute_loss weighs them."""
+    data = trajectories["bidirectional"]
+    trainer = train(tokenizer, data, config(tmp_path, loss_type=loss_type, max_steps=1), eval_dataset=data)
+    results = {}
+    for batch_size in (1, 3, len(data)):
+        trainer.args.per_device_eval_batch_size = batch_size
+        results[batch_size] = {k: v for k, v in trainer.evaluate().items() if "loss" in k or "accuracy" in k}
+    assert results[1] == pytest.approx(results[3]) and results[1] == pytest.approx(results[len(data)])
+    metrics = results[1]
+    terms = (
+        metrics["eval_loss/ddo"] + trainer.args.lambda_path * metrics["eval_loss/path"]
+        if loss_type == "t3d"
+        else metrics["eval_loss/ce"] + metrics["eval_loss/certainty"]
+    )
+    assert metrics["eval_loss"] == pytest.approx(terms)
+    assert trainer.predict(data).metrics["test_loss"] == pytest.approx(metrics["eval_loss"])
 
 
 def test_evaluation_sets_are_checked_prepared_and_named_as_training_data_is(

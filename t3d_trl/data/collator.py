@@ -42,6 +42,7 @@ import torch
 
 from ..diffusion.config import DiffusionConfig, block_offset
 from ..diffusion.masks import additive_mask, padding_attention_mask, position_ids_from_valid
+from ..generation.configuration import SCHEDULES
 from ..generation.remasking import transfer_schedule
 
 STATE_KINDS = ("trajectory", "random", "semi_ar")
@@ -73,6 +74,8 @@ class DataCollatorForDiffusion:
         vocab_size: vocabulary the random tokens are drawn from (needed when ``random_token_prob > 0``).
         tokens_per_step: the student's tokens per step, to express each token's decoding order in student steps
             (``path_step``, the ``pi_i`` of the path-consistency loss).
+        schedule: how the student's sampler splits a block over its steps (``DiffusionGenerationConfig.schedule``:
+            ``llada``, ``sdar`` or ``dream``), so that ``path_step`` counts the steps the student really takes.
         seed: base seed of the per-row noise.
         epoch: current epoch (the trainer advances it), so each epoch draws new states.
 
@@ -91,6 +94,7 @@ class DataCollatorForDiffusion:
     random_token_prob: float = 0.0
     vocab_size: int | None = None
     tokens_per_step: int = 1
+    schedule: Literal["llada", "sdar", "dream"] = "llada"
     seed: int = 0
     epoch: int = 0
 
@@ -107,6 +111,8 @@ class DataCollatorForDiffusion:
             raise ValueError(f"random_token_prob > 0 needs vocab_size (at least 2), got {self.vocab_size!r}")
         if self.tokens_per_step < 1:
             raise ValueError(f"tokens_per_step must be positive, got {self.tokens_per_step}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
         if self.diffusion.is_block_causal and self.diffusion.shift_logits:
             raise ValueError("block-causal training with shifted logits (Dream-style) is not supported")
 
@@ -182,16 +188,21 @@ class DataCollatorForDiffusion:
 
     def _path_step(self, steps: np.ndarray, blocks: np.ndarray) -> np.ndarray:
         """The student step (1-based, within its block) at which each token is decoded: its rank in the block's
-        decoding order mapped through the sampler's per-block quota (:func:`transfer_schedule`), so that a
-        partial block (the first block of a block-causal model after a prompt tail, or a short last block)
-        spreads its tokens over the same ``block_length / tokens_per_step`` steps as the sampler does."""
+        decoding order mapped through the per-block quota of the student's sampler (:func:`transfer_schedule`
+        with the student's ``schedule``), so that a partial block (the first block of a block-causal model after
+        a prompt tail) is split over the ``block_length / tokens_per_step`` steps as the sampler splits it.
+
+        A last block cut at EOS counts only its kept tokens (the trajectory has no others), so they are spread
+        over the block's steps: an approximation, since the sampler decoded the whole block, EOS tail included.
+        """
         length = len(steps)
         order = np.lexsort((np.arange(length), steps, blocks))
         rank = np.empty(length, dtype=np.int64)
         rank[order] = np.arange(length) - np.searchsorted(blocks[order], blocks[order], side="left")
         steps_per_block = max(1, self.block_length // self.tokens_per_step)
         block_tokens = torch.from_numpy(np.bincount(blocks))
-        done = transfer_schedule(block_tokens, steps_per_block).cumsum(1).numpy()  # tokens decoded by step j
+        quota = transfer_schedule(block_tokens, steps_per_block, self.schedule, self.block_length)
+        done = quota.cumsum(1).numpy()  # tokens decoded by step j
         return (done[blocks] <= rank[:, None]).sum(1) + 1
 
     def _row_state(self, example: dict[str, Any]) -> dict[str, np.ndarray]:

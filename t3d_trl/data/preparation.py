@@ -3,12 +3,16 @@
 * Trajectories must come from a teacher with the student's tokenizer (vocabulary, mask token) and attention,
   and the training block length must be the teacher's (trajectory states exist only for the teacher's blocks).
 * Every row is checked once, column-wise in Arrow: token ids inside the vocabulary, ``decode_step`` as long as
-  the completion and 1-based. A bad row is named (index and id) rather than failing inside a batch.
+  the completion and 1-based, every block's steps after the previous block's (the block-by-block order in which
+  the teacher decoded; a state in the middle of a block would otherwise mask later blocks too), a prompt for a
+  shifted-logit student (Dream). A bad row is named (index and id) rather than failing inside a batch.
 * Rows over the limits: prompts are never truncated (the row is dropped); completions are cut to
   ``max_completion_length``. A row longer than the model's positions after the cut is dropped too (its
   positions would have no embedding). Every dropped row is counted in one warning, under the first rule it breaks.
 * ``mdlm`` trains on real data: ``prompt``/``completion`` or ``text`` columns are tokenised (EOS appended); a
   ``prompt`` the way collection and evaluation tokenise every prompt (:func:`~t3d_trl.data.prompts.encode_prompts`).
+  A shifted-logit student predicts each token from the position before it, so a ``text`` row's first token is its
+  prompt (as a causal LM never predicts its first token).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..diffusion.config import DiffusionConfig
+from ..diffusion.config import DiffusionConfig, block_offset
 from .prompts import encode_prompts
 from .schema import TrajectoryMetadata
 
@@ -103,13 +107,18 @@ def _refuse_null_rows(dataset: datasets.Dataset, table: Any, name: str) -> None:
 
 
 def tokenize_text(
-    dataset: datasets.Dataset, tokenizer: Any, name: str, num_proc: int | None = None
+    dataset: datasets.Dataset,
+    tokenizer: Any,
+    name: str,
+    num_proc: int | None = None,
+    shift_logits: bool = False,
 ) -> datasets.Dataset:
     """``prompt``/``completion`` or ``text`` columns as ``prompt_ids``/``completion_ids`` (EOS appended).
 
     A ``prompt`` is tokenised as collection and evaluation tokenise one (:func:`encode_prompts`): a chat rendering
     (it starts with BOS) as it is, a raw message with the tokenizer's special tokens (BOS), so the model trains on
-    the ids it is evaluated with.
+    the ids it is evaluated with. A ``text`` row has no prompt, unless ``shift_logits`` (Dream: token ``i`` is
+    predicted at position ``i - 1``): then its first token is the prompt, the position the second is predicted at.
     """
     columns = set(dataset.column_names)
     if tokenizer is None:
@@ -131,8 +140,12 @@ def tokenize_text(
         _refuse_null_rows(dataset, _arrow_columns(dataset, ["text"]), name)
 
         def tokenize(batch: dict[str, list]) -> dict[str, list]:
-            texts = tokenizer(batch["text"])["input_ids"]
-            return {"prompt_ids": [[] for _ in texts], "completion_ids": [with_eos(ids) for ids in texts]}
+            texts = [with_eos(ids) for ids in tokenizer(batch["text"])["input_ids"]]
+            first = 1 if shift_logits else 0
+            return {
+                "prompt_ids": [ids[:first] for ids in texts],
+                "completion_ids": [ids[first:] for ids in texts],
+            }
 
     else:
         raise ValueError(
@@ -142,10 +155,46 @@ def tokenize_text(
     return dataset.map(tokenize, batched=True, num_proc=num_proc, desc=f"Tokenizing {name} dataset")
 
 
-def _check_rows(dataset: datasets.Dataset, table: Any, name: str, needed: list[str], vocab_size: int) -> None:
-    """Refuse rows with null values, a ``decode_step`` that does not fit the completion, token ids outside the
-    vocabulary."""
+def _block_order_problems(table: Any, block_length: int, block_causal: bool) -> np.ndarray:
+    """Rows whose ``decode_step`` does not decode block by block: some step of a block is not after every step of
+    the block before it (blocks of ``block_length`` placed as the collator and the sampler place them)."""
+    lengths = pc.list_value_length(table["completion_ids"]).to_numpy(zero_copy_only=False)
+    steps = pc.list_flatten(table["decode_step"]).to_numpy(zero_copy_only=False)
+    if not len(steps):
+        return np.zeros(len(lengths), dtype=bool)
+    row = np.repeat(np.arange(len(lengths)), lengths)
+    position = np.arange(len(steps)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    prompts = pc.list_value_length(table["prompt_ids"]).to_numpy(zero_copy_only=False)
+    block = (block_offset(prompts[row], block_length, block_causal) + position) // block_length
+    # Each (row, block) is a run of consecutive tokens: compare each run with the run before it in its row.
+    starts = np.flatnonzero(np.r_[True, (row[1:] != row[:-1]) | (block[1:] != block[:-1])])
+    first, last = np.minimum.reduceat(steps, starts), np.maximum.reduceat(steps, starts)
+    late = (row[starts][1:] == row[starts][:-1]) & (last[:-1] >= first[1:])
+    bad = np.zeros(len(lengths), dtype=bool)
+    bad[row[starts][1:][late]] = True
+    return bad
+
+
+def _check_rows(
+    dataset: datasets.Dataset,
+    table: Any,
+    name: str,
+    needed: list[str],
+    vocab_size: int,
+    diffusion: DiffusionConfig,
+    block_length: int,
+) -> None:
+    """Refuse rows with null values, a ``decode_step`` that does not fit the completion or its blocks, token ids
+    outside the vocabulary, an empty prompt for a shifted-logit student."""
     _refuse_null_rows(dataset, table, name)
+    if diffusion.shift_logits:
+        _refuse_rows(
+            dataset,
+            pc.equal(pc.list_value_length(table["prompt_ids"]), 0).to_numpy(zero_copy_only=False),
+            f"{name} dataset",
+            "prompt_ids is empty: a shifted-logit student (Dream) predicts each token from the position before "
+            "it, which the first completion token would not have; start the prompt with BOS",
+        )
     if "decode_step" in needed:
         lengths = pc.list_value_length(table["completion_ids"])
         bad = pc.not_equal(lengths, pc.list_value_length(table["decode_step"]))
@@ -160,6 +209,14 @@ def _check_rows(dataset: datasets.Dataset, table: Any, name: str, needed: list[s
             raise ValueError(
                 f"{name} dataset: decode_step holds values below 1 (steps are global and 1-based)"
             )
+        _refuse_rows(
+            dataset,
+            _block_order_problems(table, block_length, diffusion.is_block_causal),
+            f"{name} dataset",
+            f"decode_step does not decode block by block in blocks of {block_length}: a block's steps must all "
+            "come after the previous block's (steps are global, counted over the whole completion; a teacher "
+            "that decoded with another block length needs block_length set to its)",
+        )
     for column in ("prompt_ids", "completion_ids"):
         ids = pc.list_flatten(table[column])
         bad = pc.or_(pc.less(ids, 0), pc.greater_equal(ids, vocab_size))
@@ -210,6 +267,8 @@ def prepare_training_dataset(
     trajectory_states: bool,
     tokenizer: Any,
     vocab_size: int,
+    diffusion: DiffusionConfig,
+    block_length: int,
     max_positions: int | None,
     max_prompt_length: int | None,
     max_completion_length: int | None,
@@ -224,13 +283,14 @@ def prepare_training_dataset(
         trajectory_states: the objective reads ``decode_step`` (the teacher's decoding order).
         tokenizer: tokenises text for ``mdlm``.
         vocab_size, max_positions: the student's vocabulary and ``max_position_embeddings``.
+        diffusion, block_length: the student's diffusion description and the training block length.
         max_prompt_length, max_completion_length, num_proc: as in :class:`~t3d_trl.T3DConfig`.
     """
     if not isinstance(dataset, datasets.Dataset):
         raise TypeError(f"{name} dataset must be a datasets.Dataset, got {type(dataset).__name__}")
     columns = set(dataset.column_names)
     if loss_type == "mdlm" and not {"prompt_ids", "completion_ids"} <= columns:
-        dataset = tokenize_text(dataset, tokenizer, name, num_proc)
+        dataset = tokenize_text(dataset, tokenizer, name, num_proc, diffusion.shift_logits)
         columns = set(dataset.column_names)
     needed = ["prompt_ids", "completion_ids"] + (["decode_step"] if trajectory_states else [])
     missing = [c for c in needed if c not in columns]
@@ -244,7 +304,7 @@ def prepare_training_dataset(
             f"loss_type={loss_type!r} needs column(s) {missing}{hint}; the {name} dataset has {sorted(columns)}"
         )
     table = _arrow_columns(dataset, needed)
-    _check_rows(dataset, table, name, needed, vocab_size)
+    _check_rows(dataset, table, name, needed, vocab_size, diffusion, block_length)
     drop, counts = _rows_to_drop(table, max_prompt_length, max_completion_length, max_positions)
     if drop.any():
         logger.warning(

@@ -32,12 +32,13 @@ class MetricsMixin:
         }
 
     def _record(self, metrics: dict[str, tuple[torch.Tensor, torch.Tensor]], mode: str | None = None) -> None:
-        """Add this micro-batch's ``(sum, count)`` of each metric, summed over processes (one gather)."""
+        """Add this micro-batch's ``(sum, count)`` of each metric, summed over processes (one gather). A NaN sum (a
+        diverged model) stays NaN: an empty batch sums to 0, so a NaN is never a stand-in for "nothing counted"."""
         mode = mode or ("train" if self.model.training else "eval")
         names = sorted(metrics)
         values = torch.stack(
             [
-                torch.stack([total.detach().float().nan_to_num(0.0), count.detach().float()])
+                torch.stack([total.detach().float(), count.detach().float()])
                 for total, count in (metrics[n] for n in names)
             ]
         )
@@ -47,18 +48,33 @@ class MetricsMixin:
             recorded[0] += total
             recorded[1] += count
 
-    def _mean_metrics(self, mode: str, prefix: str = "") -> dict[str, float]:
-        """The recorded metrics of ``mode`` (total sum / total count; cleared), their names prefixed. A metric
-        that counted nothing since the last log (no DDO state in any row) is left out."""
-        metrics = {
-            f"{prefix}{k}": total / count for k, (total, count) in self._metrics[mode].items() if count
-        }
+    def _mean_metrics(self, mode: str) -> dict[str, float]:
+        """The recorded metrics of ``mode`` (total sum / total count; cleared). A metric that counted nothing since
+        the last log (no DDO state in any row) is left out."""
+        metrics = {k: total / count for k, (total, count) in self._metrics[mode].items() if count}
         self._metrics[mode].clear()
         return metrics
 
+    def _eval_metrics(self, prefix: str) -> dict[str, float]:
+        """The recorded evaluation metrics, named ``<prefix>_<name>``, with ``<prefix>_loss``: the objective over
+        the whole set at once (each term's mean over all its tokens or rows, weighted as ``compute_loss`` weighs
+        them). transformers' own ``eval_loss`` averages per-batch losses, which depends on the eval batch size."""
+        means = self._mean_metrics("eval")
+        args = self.args
+        weights = {
+            "t3d": {"loss/ddo": 1.0, "loss/path": args.lambda_path},
+            "dparallel": {"loss/ce": 1.0, "loss/certainty": 1.0},
+        }.get(args.loss_type, {f"loss/{args.loss_type}": 1.0})
+        metrics = {f"{prefix}_{name}": value for name, value in means.items()}
+        if means:  # a term that counted nothing (no DDO state in any row) adds 0, as in compute_loss
+            metrics[f"{prefix}_loss"] = sum(w * means.get(name, 0.0) for name, w in weights.items())
+        return metrics
+
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        mode = "train" if self.model.training else "eval"
-        logs.update(self._mean_metrics(mode, f"{self._eval_prefix}_" if mode == "eval" else ""))
+        if self.model.training:
+            logs.update(self._mean_metrics("train"))
+        else:  # in place: evaluate returns the dict it logs
+            logs.update(self._eval_metrics(self._eval_prefix))
         super().log(logs, start_time)
 
     @contextlib.contextmanager
@@ -92,7 +108,7 @@ class MetricsMixin:
         with self._evaluation(test_dataset, metric_key_prefix) as dataset:
             output = super().predict(dataset, ignore_keys, metric_key_prefix)
         # predict logs nothing: its metrics go into its output, not into the next evaluation's log.
-        output.metrics.update(self._mean_metrics("eval", f"{metric_key_prefix}_"))
+        output.metrics.update(self._eval_metrics(metric_key_prefix))
         return output
 
     def _without_repeated_rows(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -5,6 +5,10 @@ The labels of the positions still masked in a moved block are either the teacher
 student state (``"argmax"``, one teacher forward), or the teacher's own sequential completion of that state
 (``"rollout"``, :func:`teacher_rollout`, up to ``block_length`` teacher forwards).
 
+Both the student's step and the teacher's labels run on the state the sampler has, every loss position showing
+the mask token: the collator's random tokens (``random_token_prob``) are a training-input noise the sampler never
+produces, so they go back into the training input only, at the positions that stay masked.
+
 Which rows move is drawn from a generator keyed on ``(seed, global_step, micro_batch, process)``, and how many
 positions leave the loss depends only on the batch (each moving block commits exactly ``tokens_per_step`` of its
 masked positions), not on the student's predictions. So the loss's normaliser for the whole accumulated step
@@ -83,7 +87,8 @@ def teacher_rollout(
     kept column) that still holds a ``todo`` position, commits the single most confident one to the teacher's
     argmax there (low-confidence order, as a one-token-per-step sampler decodes); the next step sees it. Blocks
     decode side by side, so a block of ``L`` positions takes at most ``L`` forwards. Positions not yet committed
-    show what ``batch`` shows there (the mask, or a random token), as for the argmax labels.
+    show what ``batch`` shows there: :func:`make_student_states` passes the sampler's state, where they show the
+    mask token (never the collator's random tokens), as for the argmax labels.
 
     Why: trajectory self-distillation (the paper's section "Trajectory Self-Distillation") pairs a state with the
     clean tokens of the teacher's own rollout from it, whose tokens are coherent because each conditions on
@@ -126,10 +131,17 @@ def make_student_states(
     block_length: int,
     is_block_causal: bool,
     tokens_per_step: int,
+    mask_token_id: int,
     labels: str = "argmax",
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """``inputs`` with the ``chosen`` rows moved one student step and relabelled by the teacher, and the moved
     rows' batch (``input_ids``, ``loss_mask``, ``targets``).
+
+    The student commits, and the teacher labels, on the state the sampler would hold: every loss position shows
+    ``mask_token_id``, whatever random token the collator put there (T3D's states are the teacher's and the
+    student's own decoding states; the random tokens of the paper's "Mixture of Random Tokens" are input noise
+    for training only). The returned training input shows the student's proposal at the committed positions and
+    the collated input (mask or random token) at the positions still masked.
 
     ``labels`` (``T3DConfig.student_state_labels``): ``"argmax"``, the teacher's per-position argmax at the
     student state (one forward); ``"rollout"``, the tokens of the teacher's sequential greedy completion of the
@@ -139,6 +151,10 @@ def make_student_states(
         raise ValueError(f"labels must be one of {STUDENT_STATE_LABELS}, got {labels!r}")
     batch = {k: v if k == "keep" else v[chosen] for k, v in inputs.items()}
     keep = batch["keep"]
+    shown = batch["input_ids"][:, keep]  # the collated input: random tokens at some masked positions
+    masked = torch.where(batch["loss_mask"], torch.full_like(shown, mask_token_id), shown)
+    batch["input_ids"] = batch["input_ids"].clone()
+    batch["input_ids"][:, keep] = masked
     confidence, proposal = student_logits(batch).float().softmax(-1).max(-1)
     block, loss_mask = decoding_blocks(batch, block_length, is_block_causal)
     score = confidence.masked_fill(~loss_mask, -1.0)
@@ -150,9 +166,7 @@ def make_student_states(
         rank = torch.empty_like(ranked).scatter_(-1, ranked, positions)
         commit |= in_block & (rank < tokens_per_step) & steps
         moved |= (block == b) & steps
-    columns = batch["input_ids"][:, keep]
-    batch["input_ids"] = batch["input_ids"].clone()
-    batch["input_ids"][:, keep] = torch.where(commit, proposal, columns)
+    batch["input_ids"][:, keep] = torch.where(commit, proposal, masked)
     batch["loss_mask"] = batch["loss_mask"] & ~commit
     relabel = batch["loss_mask"] & moved
     if labels == "rollout":
@@ -160,6 +174,8 @@ def make_student_states(
     else:
         teacher = teacher_logits(batch).argmax(-1)
     batch["targets"] = torch.where(relabel, teacher, batch["targets"])
+    # The training input keeps the collated random tokens where the student state is still masked.
+    batch["input_ids"][:, keep] = torch.where(commit, proposal, shown)
     out = dict(inputs)
     for name in ("input_ids", "loss_mask", "targets"):
         out[name] = inputs[name].clone()

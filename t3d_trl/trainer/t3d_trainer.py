@@ -12,22 +12,14 @@ from typing import Any
 import datasets
 import torch
 from accelerate.utils import is_peft_model
-from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback
+from transformers import PreTrainedTokenizerBase, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.base_trainer import _BaseTrainer
 from trl.trainer.utils import disable_dropout_in_model, get_config_model_id, use_adapter
 
 from ..data.collator import DataCollatorForDiffusion, diffusion_attention_mask
-from ..data.preparation import (
-    TRAINING_COLUMNS,
-    check_trajectory_metadata,
-    prepare_training_dataset,
-    resolve_block_length,
-)
-from ..data.schema import TrajectoryMetadata
 from ..diffusion.forward import accepts_4d_mask, diffusion_forward, max_positions, unwrap_model
-from ..generation.configuration import DiffusionGenerationConfig
 from ..models.auto import (
     ADAPTER_DEFAULTS_FILE,
     AutoModelForDiffusionLM,
@@ -39,6 +31,7 @@ from ..models.auto import (
 from ..utils import without_checkpointing_deprecation
 from . import checkpoints, losses
 from .checks import check_launch, check_student
+from .data import DataMixin
 from .evaluation import MetricsMixin
 from .model_card import PAPER, write_model_card
 from .reference import (
@@ -51,7 +44,7 @@ from .reference import (
     saving_trained_adapter_only,
 )
 from .student_states import chosen_rows, committed_count, make_student_states
-from .t3d_config import REFERENCE_LOSSES, TRAJECTORY_LOSSES, T3DConfig
+from .t3d_config import REFERENCE_LOSSES, T3DConfig
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +67,7 @@ class _T3DCallback(TrainerCallback):
             self.trainer.sync_reference()
 
 
-class T3DTrainer(MetricsMixin, _BaseTrainer):
+class T3DTrainer(DataMixin, MetricsMixin, _BaseTrainer):
     """Trainer for T3D (trajectory self-distillation with DDO) and its baselines.
 
     Args:
@@ -223,26 +216,6 @@ class T3DTrainer(MetricsMixin, _BaseTrainer):
         if self._needs_reference:
             self.sync_reference()  # round 0: the reference is the initial student (a resume loads its own)
 
-    def _default_collator(
-        self, args: T3DConfig, processing_class: Any, inner: PreTrainedModel
-    ) -> DataCollatorForDiffusion:
-        pad_id = getattr(processing_class, "pad_token_id", None)
-        pad_id = inner.config.pad_token_id if pad_id is None else pad_id
-        vocab = self._vocab_size
-        return DataCollatorForDiffusion(
-            diffusion=self.diffusion,
-            block_length=self.block_length,
-            pad_token_id=int(pad_id if pad_id is not None else 0),
-            states={"redi": "random", "mdlm": "random", "dparallel": "semi_ar"}.get(
-                args.loss_type, "trajectory"
-            ),
-            state_sampling=args.state_sampling,
-            random_token_prob=args.random_token_prob,
-            vocab_size=min(len(processing_class), vocab) if processing_class is not None else vocab,
-            tokens_per_step=args.tokens_per_step,
-            seed=args.seed,
-        )
-
     def _check_launch(self) -> None:
         """Stop a multi-process launch that would not train one model together (it would train N copies)."""
         check_launch(
@@ -252,61 +225,6 @@ class T3DTrainer(MetricsMixin, _BaseTrainer):
             deepspeed=self.is_deepspeed_enabled,
             distributed_type=self.accelerator.distributed_type.value,
         )
-
-    def _prepare_dataset(
-        self, dataset: datasets.Dataset, args: T3DConfig, tokenizer: Any, name: str
-    ) -> datasets.Dataset:
-        return prepare_training_dataset(
-            dataset,
-            name,
-            loss_type=args.loss_type,
-            trajectory_states=args.loss_type in TRAJECTORY_LOSSES,
-            tokenizer=tokenizer,
-            vocab_size=self._vocab_size,
-            max_positions=self._max_positions,
-            max_prompt_length=args.max_prompt_length,
-            max_completion_length=args.max_completion_length,
-            num_proc=args.dataset_num_proc,
-        )
-
-    def _check_trajectories(
-        self, dataset: datasets.Dataset, block_length: int | None, args: T3DConfig
-    ) -> tuple[TrajectoryMetadata | None, int]:
-        """A dataset's metadata checked against the student (attention, block length, vocabulary, mask token),
-        and the block length it trains or is evaluated at."""
-        metadata = TrajectoryMetadata.from_dataset(dataset) if hasattr(dataset, "info") else None
-        block = resolve_block_length(
-            block_length, metadata, self.diffusion, args.loss_type in TRAJECTORY_LOSSES
-        )
-        check_trajectory_metadata(metadata, self.diffusion, self._vocab_size)
-        return metadata, block
-
-    def _prepare_eval_dataset(
-        self, dataset: datasets.Dataset, args: T3DConfig, tokenizer: Any, name: str
-    ) -> datasets.Dataset:
-        """An evaluation set, checked against the student at the training block length, then prepared as the
-        training set is."""
-        self._check_trajectories(dataset, self.block_length, args)
-        return self._prepare_dataset(dataset, args, tokenizer, name)
-
-    def _set_generation_defaults(
-        self, inner: PreTrainedModel, args: T3DConfig, metadata: TrajectoryMetadata | None
-    ) -> None:
-        current = DiffusionGenerationConfig.from_model_config(inner.config)
-        max_new = metadata.max_new_tokens if metadata is not None else current.max_new_tokens
-        max_new = -(-max_new // self.block_length) * self.block_length
-        distilled = current.update(
-            max_new_tokens=max_new,
-            block_length=self.block_length,
-            tokens_per_step=args.tokens_per_step,
-            threshold=None,
-            **({"remasking": metadata.remasking} if metadata is not None else {}),
-        )
-        distilled.save_to_model_config(inner.config)
-
-    def _set_signature_columns_if_needed(self):
-        if self._signature_columns is None:
-            self._signature_columns = list(TRAINING_COLUMNS)
 
     # ---- the reference model (trainer.reference.ReferenceModel) -----------------------------------------------
 
@@ -435,6 +353,7 @@ class T3DTrainer(MetricsMixin, _BaseTrainer):
             self.block_length,
             self.diffusion.is_block_causal,
             self.args.tokens_per_step,
+            self.diffusion.mask_token_id,
             labels=self.args.student_state_labels,
         )
         return out
@@ -502,7 +421,7 @@ class T3DTrainer(MetricsMixin, _BaseTrainer):
         with torch.no_grad():
             correct = (selected.argmax(-1) == targets[loss_mask]).sum()
             metrics["masked_token_accuracy"] = (correct, local[0])
-            metrics["masked_entropy"] = (-(logp_all.exp() * logp_all).sum(), local[0])
+            metrics["masked_entropy"] = (torch.special.entr(logp_all.exp()).sum(), local[0])  # 0 log 0 = 0
             self._record(metrics)
         return (loss, {"logits": logits}) if return_outputs else loss
 
