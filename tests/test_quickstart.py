@@ -7,6 +7,7 @@ import json
 import pytest
 
 from t3d_trl.cli.main import main
+from t3d_trl.cli.parsing import parse_recipe
 from t3d_trl.demo.quickstart import QuickstartConfig
 
 
@@ -44,6 +45,13 @@ def test_fast_shrinks_only_the_budgets_left_at_their_defaults():
     assert fast.distill_steps == 12  # given explicitly: kept (it was cut to 4 silently)
     assert (fast.num_trajectories, fast.num_eval, fast.teacher_steps) == (256, 64, 20)
     assert QuickstartConfig(fast=True).distill_steps == 4
+    # A budget given equal to its default is given too (it was taken for "not set" and cut).
+    given = QuickstartConfig(fast=True, distill_steps=400, num_eval=1000)
+    assert (given.distill_steps, given.num_eval, given.batch_size) == (400, 1000, 64)
+    assert (QuickstartConfig().distill_steps, QuickstartConfig().num_eval) == (400, 1000)
+    # The same from the command line.
+    parsed = parse_recipe([QuickstartConfig], ["--fast", "--distill_steps", "400"], "quickstart", "")[0]
+    assert (parsed.distill_steps, parsed.num_eval) == (400, 64)
 
 
 def test_quickstart_rejects_unknown_methods_and_budgets_before_any_work():

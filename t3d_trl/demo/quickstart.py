@@ -37,16 +37,23 @@ PACKAGED_TEACHERS = Path(__file__).parent / "teachers"
 METHODS = ("t3d", "td", "redi", "dparallel")
 
 
-#: What ``fast`` sets the budgets still at their defaults to: every stage runs, none trains anything useful.
-FAST_BUDGETS = {
-    "teacher_steps": 20,
-    "num_trajectories": 256,
-    "distill_steps": 4,
-    "batch_size": 64,
-    "num_eval": 64,
-    "analysis_prompts": 8,
-    "analysis_samples": 4,
+#: The budgets not given: (the default, what ``fast`` sets: every stage runs, none trains anything useful).
+BUDGETS = {
+    "teacher_steps": (2000, 20),
+    "num_trajectories": (4000, 256),
+    "distill_steps": (400, 4),
+    "batch_size": (128, 64),
+    "num_eval": (1000, 64),
+    "analysis_prompts": (64, 8),
+    "analysis_samples": (16, 4),
 }
+
+
+def _budget(name: str, help: str) -> Any:
+    """A budget field: ``None`` until ``__post_init__`` sets the default or the ``fast`` value, so that a value
+    given explicitly, even one equal to the default, is kept under ``fast``."""
+    full, small = BUDGETS[name]
+    return field(default=None, metadata={"help": f"{help} (default {full}; with --fast {small})"})
 
 
 @dataclass
@@ -71,13 +78,13 @@ class QuickstartConfig:
     train_teacher: bool = field(
         default=False, metadata={"help": "Pre-train the teacher here (loss_type=mdlm)."}
     )
-    teacher_steps: int = field(default=2000, metadata={"help": "Teacher pre-training steps."})
+    teacher_steps: int | None = _budget("teacher_steps", "Teacher pre-training steps.")
     teacher_learning_rate: float = field(
         default=2e-3, metadata={"help": "Teacher pre-training learning rate."}
     )
-    num_trajectories: int = field(default=4000, metadata={"help": "Training prompts decoded by the teacher."})
-    distill_steps: int = field(default=400, metadata={"help": "Optimizer steps of every method."})
-    batch_size: int = field(default=128, metadata={"help": "Training batch size (teacher and students)."})
+    num_trajectories: int | None = _budget("num_trajectories", "Training prompts decoded by the teacher.")
+    distill_steps: int | None = _budget("distill_steps", "Optimizer steps of every method.")
+    batch_size: int | None = _budget("batch_size", "Training batch size (teacher and students).")
     learning_rate: float = field(default=1e-3, metadata={"help": "Distillation learning rate."})
     trajectory_temperature: float = field(
         default=0.0,
@@ -97,13 +104,13 @@ class QuickstartConfig:
     ref_sync_steps: int = field(
         default=10, metadata={"help": "Reference refresh period (reference code: 10)."}
     )
-    num_eval: int = field(default=1000, metadata={"help": "Held-out prompts per evaluation."})
+    num_eval: int | None = _budget("num_eval", "Held-out prompts per evaluation.")
     eval_tokens_per_step: list[int] = field(
         default_factory=lambda: [1, 2, 4], metadata={"help": "Static budgets evaluated (TokPS)."}
     )
     threshold: float = field(default=0.9, metadata={"help": "Dynamic decoding threshold evaluated."})
-    analysis_prompts: int = field(default=64, metadata={"help": "Trajectories used by the TC analysis."})
-    analysis_samples: int = field(default=16, metadata={"help": "Monte Carlo samples per TC state."})
+    analysis_prompts: int | None = _budget("analysis_prompts", "Trajectories used by the TC analysis.")
+    analysis_samples: int | None = _budget("analysis_samples", "Monte Carlo samples per TC state.")
     threads: int | None = field(default=None, metadata={"help": "torch threads (default: all cores)."})
     fast: bool = field(
         default=False,
@@ -128,10 +135,9 @@ class QuickstartConfig:
             )
         if not 0 < self.threshold <= 1:
             raise ValueError(f"threshold must be in (0, 1], got {self.threshold}")
-        if self.fast:  # the budgets left at their defaults; one set explicitly keeps its value
-            for name, small in FAST_BUDGETS.items():
-                if getattr(self, name) == self.__dataclass_fields__[name].default:
-                    setattr(self, name, small)
+        for name, (full, small) in BUDGETS.items():  # a budget given explicitly keeps its value
+            if getattr(self, name) is None:
+                setattr(self, name, small if self.fast else full)
 
 
 def _training_args(config: QuickstartConfig, output_dir: Path, **overrides: Any) -> Any:
