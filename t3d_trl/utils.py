@@ -46,10 +46,11 @@ def load_data_folder(path: str | os.PathLike, split: str = "train") -> Any:
 def _read_dataset(what: str, load: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """``load(*args, **kwargs)``, with datasets' failures to parse the data as one ``ValueError`` naming ``what``."""
     import datasets
+    import pyarrow
 
     try:
         return load(*args, **kwargs)
-    except (StopIteration, datasets.exceptions.DatasetGenerationError) as err:
+    except (StopIteration, datasets.exceptions.DatasetGenerationError, pyarrow.ArrowException) as err:
         raise ValueError(f"cannot read {what}: {err.__cause__ or err}") from err
 
 

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+import datasets
 import pyarrow.parquet as pq
 import pytest
 
@@ -60,6 +61,13 @@ def test_data_file_errors_name_the_file(tmp_path, capsys):
     assert main(collect_argv("m", str(missing), str(tmp_path / "out"))) == 2
     line = one_line_error(capsys, "collect")
     assert f"data file '{missing}' does not exist" in line and "Hub" not in line
+    # A truncated parquet file (a partial copy): Arrow's own error did not say which file.
+    table = tmp_path / "table.parquet"
+    datasets.Dataset.from_list([{"problem": "x" * 50}] * 20).to_parquet(table)
+    table.write_bytes(table.read_bytes()[:-40])
+    assert main(collect_argv("m", str(table), str(tmp_path / "out"))) == 2
+    line = one_line_error(capsys, "collect")
+    assert f"cannot read data file '{table}' as parquet" in line and "magic bytes" in line
 
 
 def test_missing_model_path_is_named_not_a_hub_error(tmp_path, capsys, monkeypatch):

@@ -86,6 +86,9 @@ def test_config_requires_model_dataset_output():
     for bad in ("bfloat17", "int64"):  # a torch dtype, but no model's weights are cast to it
         with pytest.raises(ValueError, match=f"floating-point torch dtype such as 'bfloat16', got '{bad}'"):
             CollectConfig(model_name_or_path="m", dataset_name="d", output_dir="o", dtype=bad)
+    for name, value in (("limit", -3), ("limit", 0), ("batch_size", 0)):  # before the teacher loads
+        with pytest.raises(ValueError, match=f"{name} must be a positive number, got {value}"):
+            CollectConfig(model_name_or_path="m", dataset_name="d", output_dir="o", **{name: value})
     config = CollectConfig(
         model_name_or_path="m", dataset_name="d", output_dir="o", max_new_tokens=16, block_length=4, steps=8
     )

@@ -52,6 +52,10 @@ def test_fast_shrinks_only_the_budgets_left_at_their_defaults():
     # The same from the command line.
     parsed = parse_recipe([QuickstartConfig], ["--fast", "--distill_steps", "400"], "quickstart", "")[0]
     assert (parsed.distill_steps, parsed.num_eval) == (400, 64)
+    # A budget of 0 is refused before any work (it failed after the teacher, collection and distillation ran).
+    for name in ("distill_steps", "num_eval", "analysis_samples", "analysis_prompts", "num_trajectories"):
+        with pytest.raises(ValueError, match=f"{name} must be a positive number, got 0"):
+            QuickstartConfig(fast=True, **{name: 0})
 
 
 def test_quickstart_rejects_unknown_methods_and_budgets_before_any_work():

@@ -359,9 +359,14 @@ def test_resume_after_crash_gives_the_uninterrupted_rows(tmp_path, tokenizer, mo
     with pytest.raises(ValueError, match="unfinished collection"):
         load_trajectories(str(tmp_path / "run"))
 
+    # What a kill (no finally) leaves: a merge's half-saved staging copy, a manifest write's staging file.
+    (tmp_path / "run" / ".saving-abc123").mkdir()
+    (tmp_path / "run" / ".saving-abc123" / "data-00000-of-00001.arrow").write_bytes(b"x" * 100)
+    (tmp_path / "run" / ".collection.json.99.tmp").write_text("{")
     calls.clear()
     resumed = collect(model, tokenizer, tmp_path / "run", generation_config=config, seed=7)
     assert len(calls) == 1  # only the lost batch was decoded again
+    assert not list((tmp_path / "run").glob(".*"))  # the rerun sweeps them
     assert resumed.to_list() == reference.to_list()
     monkeypatch.undo()
     assert (

@@ -99,7 +99,11 @@ class CollectConfig(DiffusionGenerationConfig):
             raise ValueError(f"collect needs {', '.join(missing)} (in the recipe or as flags)")
         if self.push_to_hub and not self.hub_model_id:
             raise ValueError("push_to_hub=True needs hub_model_id")
-        resolve_dtype(self.dtype)  # refused here, not once the teacher loads
+        # Refused here, not once the teacher has loaded (a limit below 1 read as "the dataset is empty").
+        for name in ("limit", "batch_size"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be a positive number, got {getattr(self, name)}")
+        resolve_dtype(self.dtype)
 
     def generation_config(self) -> DiffusionGenerationConfig:
         """The decoding settings alone."""

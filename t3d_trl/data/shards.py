@@ -138,8 +138,14 @@ def check_manifest(output_dir: Path, manifest: dict[str, Any], is_main: bool, ba
         output_dir.joinpath(SHARD_DIR).mkdir(parents=True, exist_ok=True)
         for stale in output_dir.joinpath(SHARD_DIR).glob(".*.tmp"):  # a shard interrupted while written
             stale.unlink()
+        # A merge killed while saving leaves a whole copy of the dataset in its staging folder, and a manifest
+        # write its staging file: nothing reads them, and each interrupted merge would add one.
+        for stale in output_dir.glob(".saving-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        for stale in output_dir.glob(f".{MANIFEST}.*.tmp"):
+            stale.unlink()
         if not path.exists():
-            path.write_text(json.dumps(manifest, indent=2))
+            write_atomically(path, lambda tmp: tmp.write_text(json.dumps(manifest, indent=2)))
     barrier()
     try:
         saved = json.loads(path.read_text())

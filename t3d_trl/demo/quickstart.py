@@ -138,6 +138,8 @@ class QuickstartConfig:
         for name, (full, small) in BUDGETS.items():  # a budget given explicitly keeps its value
             if getattr(self, name) is None:
                 setattr(self, name, small if self.fast else full)
+            elif getattr(self, name) < 1:  # else it fails minutes later, after the stages before it ran
+                raise ValueError(f"{name} must be a positive number, got {getattr(self, name)}")
 
 
 def _training_args(config: QuickstartConfig, output_dir: Path, **overrides: Any) -> Any:
