@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
+from pathlib import Path
 
 import pytest
 import yaml
@@ -157,6 +159,29 @@ def test_generate_prints_the_completion(saved_models, capsys):
     assert capsys.readouterr().out == plain.completions[0] + "\n"
 
 
+def damaged_copies(model: str, folder: Path) -> None:
+    """Copies of ``model`` in ``folder``: ``copy`` whole, ``cut`` with its weights cut short (an interrupted copy or
+    download), ``bare`` with its JSON files only."""
+    shutil.copytree(model, folder / "copy")
+    shutil.copytree(model, folder / "cut")
+    shutil.copytree(model, folder / "bare", ignore=shutil.ignore_patterns("*.safetensors"))
+    weights = folder / "cut" / "model.safetensors"
+    with weights.open("r+b") as f:
+        f.truncate(weights.stat().st_size // 2)
+
+
+def test_generate_names_a_damaged_or_missing_weights_file_in_one_line(saved_models, tmp_path, capsys):
+    damaged_copies(saved_models["sdar-like"], tmp_path)
+    for name, message in (
+        ("cut", "model.safetensors is damaged ("),
+        ("bare", "has no weights file (none of"),
+    ):
+        assert main(["generate", "--model", str(tmp_path / name), "--prompt", "hi"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"t3d-trl generate: {tmp_path / name}") and message in err
+        assert "Traceback" not in err and err.count("\n") == 1
+
+
 def small_grid(models: list[str], benchmark_files, output, *extra: str) -> list[str]:
     return [
         "eval",
@@ -200,6 +225,15 @@ def count_runs(monkeypatch) -> list[str]:
         ({"thresholds": [1.5]}, "thresholds must be in (0, 1], got 1.5"),
         ({"max_new_tokens": 6}, "decoding setting block4-tokps4"),
         ({"seeds": []}, "seeds must hold at least one seed"),
+        # A model folder cut short (see damaged_copies), checked with every other before the first runs.
+        ({"models": ["cut=cut"]}, "model 'cut': cut/model.safetensors is damaged (Error while deserializing"),
+        ({"models": ["bare=bare"]}, "model 'bare': bare has no weights file (none of model.safetensors,"),
+        # "first!" and "first" share samples/first: the second's samples would overwrite the first's.
+        (
+            {"models": ["first!=copy"]},
+            "models 'first' and 'first!' would write their samples to the same folder",
+        ),
+        ({"output_dir": "afile"}, "output_dir afile is a file: results.json, table.md and samples/ need a"),
     ],
 )
 def test_eval_checks_everything_before_the_first_generation(
@@ -207,6 +241,8 @@ def test_eval_checks_everything_before_the_first_generation(
 ):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "math.jsonl").write_text('{"problem": "1+1?", "answer": "2"}\n')  # MATH500's schema
+    damaged_copies(saved_models["sdar-like"], tmp_path)
+    (tmp_path / "afile").write_text("x")
     calls = count_runs(monkeypatch)
     values = {
         "models": [f"first={saved_models['sdar-like']}"],  # a good model first: it must not run either

@@ -360,3 +360,67 @@ def test_an_adapter_loads_on_the_base_revision_it_was_trained_on(tmp_path, token
         FileNotFoundError, match="offline .*revision 'v2' of the Hub repo 'me/base' is not in the"
     ):
         AutoModelForDiffusionLM.from_pretrained("me/base", revision="v2")
+
+
+def _cut(path, size: int) -> None:
+    """Keep the first ``size`` bytes of ``path``: a copy or download interrupted midway."""
+    with path.open("r+b") as f:
+        f.truncate(size)
+
+
+def test_a_missing_or_damaged_weights_file_is_named_before_anything_loads(tmp_path, tokenizer):
+    """A folder with its JSON files but weights cut short, a lost shard or no weights at all fails at once, naming
+    the file (one line in every command), instead of a safetensors traceback once loading started."""
+    import re
+
+    from t3d_trl.models.auto import check_model_source
+
+    model = build_bidirectional_model(tokenizer)
+    whole, sharded = tmp_path / "whole", tmp_path / "sharded"
+    model.save_pretrained(whole)
+    model.save_pretrained(sharded, max_shard_size="40KB")
+    check_model_source(str(whole))
+    check_model_source(str(sharded))
+    weights = whole / "model.safetensors"
+    _cut(weights, weights.stat().st_size // 2)
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(weights))} is damaged \(.*not fully covered"):
+        AutoModelForDiffusionLM.from_pretrained(whole)
+    check_model_source(
+        str(whole), weights=False
+    )  # from_pretrained skips it for a variant, gguf, state_dict...
+    weights.unlink()
+    with pytest.raises(
+        FileNotFoundError, match=rf"^{re.escape(str(whole))} has no weights file \(.*safetensors"
+    ):
+        AutoModelForDiffusionLM.from_pretrained(whole)
+    # torch.save's zip format must end as a zip archive; older pickles are left to torch.
+    torch.save(model.state_dict(), whole / "pytorch_model.bin")
+    check_model_source(str(whole))
+    _cut(whole / "pytorch_model.bin", 4000)
+    with pytest.raises(ValueError, match=r"pytorch_model.bin is damaged \(a torch.save zip archive"):
+        check_model_source(str(whole))
+    torch.save(model.state_dict(), whole / "pytorch_model.bin", _use_new_zipfile_serialization=False)
+    check_model_source(str(whole))
+    # A sharded checkpoint: every shard its index lists is there and whole.
+    shards = sorted(sharded.glob("model-*.safetensors"))
+    assert len(shards) > 1
+    _cut(shards[-1], 1000)
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(shards[-1]))} is damaged"):
+        AutoModelForDiffusionLM.from_pretrained(sharded)
+    shards[-1].unlink()
+    with pytest.raises(
+        FileNotFoundError, match=rf"{shards[-1].name} is missing \(a shard .*index.json lists"
+    ):
+        AutoModelForDiffusionLM.from_pretrained(sharded)
+
+
+def test_an_adapter_without_its_weights_is_named_before_its_base_loads(saved_adapter):
+    lora = saved_adapter / "lora"
+    _cut(lora / "adapter_model.safetensors", 100)
+    with pytest.raises(ValueError, match=r"lora/adapter_model.safetensors is damaged"):
+        AutoModelForDiffusionLM.from_pretrained(lora)
+    (lora / "adapter_model.safetensors").unlink()
+    with pytest.raises(
+        FileNotFoundError, match=r"lora has no weights file \(none of adapter_model.safetensors"
+    ):
+        AutoModelForDiffusionLM.from_pretrained(lora)

@@ -358,3 +358,43 @@ def test_batch_size_none_is_chosen_from_memory(tokenizer):
     assert [len(b) for b in model.batches] == [8, 2]
     assert out.completions == [f"answer {i}" for i in range(10)]
     assert out.peak_memory_gb is None
+
+
+def test_run_grid_refuses_an_output_folder_it_cannot_fill_before_any_generation(
+    tokenizer, benchmark_files, tmp_path
+):
+    """Two model names that share a samples/ folder (``t/3d`` and ``t_3d``), or an output_dir that is a file, are
+    refused before the first generation: otherwise the second model's samples overwrote the first's, or the grid
+    failed after its first run."""
+    first, second = ScriptedModel(tokenizer, GSM8K_SCRIPTS), ScriptedModel(tokenizer, GSM8K_SCRIPTS)
+
+    def grid(models, output):
+        return run_grid(
+            models,
+            ["gsm8k"],
+            tokenizer=tokenizer,
+            data_files={"gsm8k": benchmark_files["gsm8k"]},
+            generation_kwargs={"max_new_tokens": 40},
+            output_dir=output,
+            progress=False,
+        )
+
+    output = tmp_path / "eval"
+    with pytest.raises(
+        ValueError, match=r"models 't/3d' and 't_3d' would write their samples to the same folder"
+    ):
+        grid({"t/3d": first, "t_3d": second}, output)
+    assert first.batches == second.batches == [] and not output.exists()
+    grid({"t_3d": second}, output)
+    # A rerun into the folder: a new name that shares a folder with an earlier result's is refused too.
+    with pytest.raises(ValueError, match=r"models 'T/3d' and 't_3d' \(its results are in .*results.json\)"):
+        grid({"T/3d": first}, output)
+    (tmp_path / "afile").write_text("x")
+    for path, message in (
+        (tmp_path / "afile", "is a file"),
+        (tmp_path / "afile" / "sub", "is under .*afile"),
+    ):
+        with pytest.raises(NotADirectoryError, match=rf"output_dir .* {message}"):
+            grid({"m": first}, path)
+    assert first.batches == []
+    assert len(grid({"t/3d": first, "t_3d": second}, None).results) == 2  # no samples written: no clash

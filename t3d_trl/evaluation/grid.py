@@ -129,8 +129,9 @@ def check_run_settings(
                 base = adapter_base_model(spec)
                 if base is not None:
                     check_model_source(base)
-            except FileNotFoundError as err:
-                raise FileNotFoundError(f"model {name!r}: {err}") from err
+            except (FileNotFoundError, ValueError) as err:  # missing, or damaged weights: name the model
+                kind = FileNotFoundError if isinstance(err, FileNotFoundError) else ValueError
+                raise kind(f"model {name!r}: {err}") from err
             # Settings that depend on the model (a block-causal model refuses an approximate cache), from its
             # config alone: every model is checked before the first generation.
             try:

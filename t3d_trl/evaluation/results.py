@@ -100,6 +100,40 @@ def read_results(output: Path) -> GridResult | None:
         ) from err
 
 
+def check_output(
+    output_dir: str | Path | None, models: Iterable[str]
+) -> tuple[Path | None, GridResult | None]:
+    """``output_dir`` as a path, and the results an earlier run left there; refused before any model loads when it
+    cannot take this grid's results.
+
+    Refused: a path that is a file (or lies under one), and two models (of ``models`` or of the earlier results)
+    whose names :func:`safe_name` turns into the same ``samples/`` folder: the second would overwrite the first's
+    samples while ``results.json`` pointed both at them.
+    """
+    if output_dir is None:
+        return None, None
+    output = Path(output_dir)
+    existing = next((p for p in (output, *output.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        what = "is a file" if existing == output else f"is under {existing}, a file"
+        raise NotADirectoryError(
+            f"output_dir {output} {what}: results.json, table.md and samples/ need a folder"
+        )
+    earlier = read_results(output)
+    models = list(models)
+    names = [*models, *(e.get("model") for e in (earlier.results if earlier else []) if e.get("model"))]
+    folders: dict[str, str] = {}
+    for name in dict.fromkeys(names):
+        other = folders.setdefault(safe_name(name).lower(), name)  # one folder on a case-blind disk too
+        if other != name and other in models:  # earlier results alone are not rewritten
+            also = "" if name in models else f" (its results are in {output / RESULTS_FILE})"
+            raise ValueError(
+                f"models {other!r} and {name!r}{also} would write their samples to the same folder "
+                f"{output / 'samples' / safe_name(name)}: rename one"
+            )
+    return output, earlier
+
+
 def write_results(output: Path, grid: GridResult) -> None:
     # A crash mid-write never leaves a truncated results.json.
     output.mkdir(parents=True, exist_ok=True)

@@ -46,10 +46,10 @@ from .grid import DecodingSetting, check_run_settings, grid_benchmarks, grid_set
 from .metrics import aggregate_seeds, pass_k_values, run_metrics, throughput
 from .results import (
     GridResult,
+    check_output,
     merge_settings,
     model_fingerprint,
     plan_runs,
-    read_results,
     run_key,
     safe_name,
     write_jsonl,
@@ -437,7 +437,7 @@ def run_grid(
         progress: show progress bars.
         code_extraction: see :func:`evaluate_model`.
 
-    Every model path, benchmark, data file and setting is checked before the first generation.
+    Models (weights too), benchmarks, data files, settings and output_dir are checked before the first run.
     """
     if not models:
         raise ValueError("models must name at least one model")
@@ -445,10 +445,11 @@ def run_grid(
     benchmarks, data_files = grid_benchmarks(benchmarks, data_files, code_extraction)
     generation_kwargs = dict(generation_kwargs or {})
     check_run_settings(models, settings, generation_kwargs, limit, batch_size, seeds, num_samples, tokenizer)
+    output, earlier = check_output(output_dir, models)  # before any model loads, like the checks above
     examples = load_examples(benchmarks, data_files, limit)
     run = _GridRun(
         grid=GridResult(settings={}, results=[]),
-        output=Path(output_dir) if output_dir is not None else None,
+        output=output,
         examples=examples,
         data_files=data_files,
         generation_kwargs=generation_kwargs,
@@ -463,7 +464,6 @@ def run_grid(
         progress=progress,
     )
     run.grid.settings = run.describe(models, benchmarks, settings, limit, code_extraction)
-    earlier = read_results(run.output) if run.output is not None else None
     if earlier is not None:  # a rerun into the same output_dir keeps every earlier result
         run.grid = merge_settings(earlier, run.grid)
     todo = plan_runs(

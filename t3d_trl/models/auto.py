@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import zipfile
 from functools import cache
 from typing import Any
 
@@ -38,6 +39,16 @@ _PEFT_KWARGS = ("is_trainable", "adapter_name", "autocast_adapter_dtype", "ephem
 ADAPTER_CONFIG_FILE = "adapter_config.json"  # peft's
 #: An adapter folder has no ``config.json``: the trained decoding defaults and diffusion description go here.
 ADAPTER_DEFAULTS_FILE = "diffusion_config.json"
+# The weights files transformers looks for in a model folder, in its order, and peft in an adapter folder.
+_MODEL_WEIGHTS = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+_ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
+# Keyword arguments of ``from_pretrained`` that load other weights than those: left to transformers to check.
+_OTHER_WEIGHTS_KWARGS = ("variant", "use_safetensors", "gguf_file", "state_dict")
 
 
 @cache
@@ -89,22 +100,27 @@ def add_diffusion_generation(
     return model
 
 
-def check_model_source(name_or_path: str, **hub_kwargs: Any) -> None:
+def check_model_source(name_or_path: str, *, weights: bool = True, **hub_kwargs: Any) -> None:
     """Fail at once, naming the path, when ``name_or_path`` cannot be a checkpoint, before anything loads.
 
-    A local folder must hold a ``config.json`` (a model) or an ``adapter_config.json`` (a ``peft`` adapter).
-    Anything else must be a Hub repo id, and offline (``HF_HUB_OFFLINE=1`` or ``local_files_only``) one in the
-    local cache: otherwise transformers reports a missing folder as a failed connection to the Hub.
+    A local folder must hold a ``config.json`` (a model) or an ``adapter_config.json`` (a ``peft`` adapter), and
+    (unless ``weights=False``) a weights file that is whole (:func:`check_weights`). Anything else must be a Hub
+    repo id, and offline (``HF_HUB_OFFLINE=1`` or ``local_files_only``) one in the local cache: otherwise
+    transformers reports a missing folder as a failed connection to the Hub.
 
     Raises:
         FileNotFoundError: naming the folder or repo id and what is missing.
+        ValueError: naming a damaged weights file.
     """
     if os.path.isdir(name_or_path):
-        folder = os.path.join(name_or_path, hub_kwargs.get("subfolder") or "")
+        subfolder = hub_kwargs.get("subfolder")
+        folder = os.path.join(name_or_path, subfolder) if subfolder else name_or_path
         if not any(os.path.isfile(os.path.join(folder, f)) for f in (CONFIG_FILE, ADAPTER_CONFIG_FILE)):
             raise FileNotFoundError(
                 f"{name_or_path} has no {CONFIG_FILE} (nor a peft {ADAPTER_CONFIG_FILE}): not a model checkpoint"
             )
+        if weights:
+            check_weights(folder, adapter=os.path.isfile(os.path.join(folder, ADAPTER_CONFIG_FILE)))
         return
     from huggingface_hub import constants
     from huggingface_hub.errors import HFValidationError
@@ -122,6 +138,72 @@ def check_model_source(name_or_path: str, **hub_kwargs: Any) -> None:
             f"model {name_or_path!r}: no such folder, and offline (HF_HUB_OFFLINE=1) {what} "
             f"{name_or_path!r} is not in the local cache"
         )
+
+
+def safetensors_problem(path: str | os.PathLike) -> str | None:
+    """Why the safetensors file ``path`` cannot load, or ``None``. Reads its header only (a few bytes), and
+    safetensors checks that the file holds all the data the header describes: a truncated copy is found."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt"):
+            pass
+    except Exception as err:  # noqa: BLE001 - safetensors raises its own error type (and OSError)
+        return f"{path} is damaged ({' '.join(str(err).split())})"
+    return None
+
+
+def _pickle_problem(path: str) -> str | None:
+    """A ``.bin`` that starts as a zip archive (``torch.save``'s format) must end as one: a truncated copy lost its
+    central directory at the end. Older pickle files are not checked."""
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if not head:
+        return f"{path} is damaged (empty)"
+    if head == b"PK\x03\x04" and not zipfile.is_zipfile(path):
+        return f"{path} is damaged (a torch.save zip archive without its end: cut short?)"
+    return None
+
+
+def check_weights(folder: str, adapter: bool = False) -> None:
+    """Fail, naming the file, when a local checkpoint folder has no weights file or a damaged one.
+
+    Looks where transformers (peft, for an adapter) looks, in its order: ``model.safetensors``, a sharded
+    ``model.safetensors.index.json`` and every shard it lists, then ``pytorch_model.bin`` (or its index); for an
+    adapter ``adapter_model.safetensors`` or ``adapter_model.bin``. Only headers and sizes are read, so an
+    interrupted copy or download is named here rather than failing with a traceback once loading starts.
+
+    Raises:
+        FileNotFoundError: no weights file, or a shard its index lists is missing.
+        ValueError: a weights file (or index) is damaged.
+    """
+    names = _ADAPTER_WEIGHTS if adapter else _MODEL_WEIGHTS
+    if not adapter:  # a config may name its own weights file (transformers' ``transformers_weights``)
+        try:
+            with open(os.path.join(folder, CONFIG_FILE), encoding="utf-8") as f:
+                explicit = json.load(f).get("transformers_weights")
+        except (OSError, ValueError, AttributeError):
+            explicit = None  # a broken config.json: whatever reads it next reports it
+        names = (explicit,) if isinstance(explicit, str) else names
+    path = next((os.path.join(folder, n) for n in names if os.path.isfile(os.path.join(folder, n))), None)
+    if path is None:
+        raise FileNotFoundError(
+            f"{folder} has no weights file (none of {', '.join(names)}): not a complete checkpoint"
+        )
+    files = [path]
+    if path.endswith(".index.json"):
+        try:
+            with open(path, encoding="utf-8") as f:
+                files = [os.path.join(folder, n) for n in dict.fromkeys(json.load(f)["weight_map"].values())]
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise ValueError(f"{path} is damaged (no readable weight_map: {err})") from err
+        missing = [file for file in files if not os.path.isfile(file)]
+        if missing:
+            raise FileNotFoundError(f"{missing[0]} is missing (a shard {path} lists)")
+    for file in files:
+        problem = safetensors_problem(file) if file.endswith(".safetensors") else _pickle_problem(file)
+        if problem is not None:
+            raise ValueError(problem)
 
 
 def cached_checkpoint_file(name_or_path: str, **hub_kwargs: Any) -> str | None:
@@ -395,7 +477,8 @@ class AutoModelForDiffusionLM:
             raise ValueError(
                 "use_remote_code=True runs the checkpoint's own modeling code: pass trust_remote_code=True too"
             )
-        check_model_source(pretrained_model_name_or_path, **hub_kwargs)
+        weights = not any(k in hf_kwargs for k in _OTHER_WEIGHTS_KWARGS)
+        check_model_source(pretrained_model_name_or_path, weights=weights, **hub_kwargs)
         base = adapter_base_model(pretrained_model_name_or_path, **hub_kwargs)
         if base is not None:
             return _load_adapter(
