@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -17,7 +19,9 @@ def make_checkpoint(output_dir, step: int, complete: bool = True):
     save_file({"w": torch.ones(64)}, str(folder / "model.safetensors"))
     save_file({"w": torch.ones(64)}, str(folder / "t3d_reference.safetensors"))
     if complete:
+        torch.save({"state": {}, "param_groups": [{"lr": 0.1}]}, folder / "optimizer.pt")
         torch.save({"last_epoch": step}, folder / "scheduler.pt")
+        torch.save({"cpu": torch.random.get_rng_state()}, folder / "rng_state.pth")
         (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
     return folder
 
@@ -56,11 +60,104 @@ def test_a_checkpoint_without_optimizer_state_is_not_resumed_from(tmp_path, capl
     assert checkpoints.resume_checkpoint(tmp_path, True) == str(tmp_path / "checkpoint-2")
     assert "checkpoint-4 holds no optimizer or learning-rate scheduler state" in caplog.text
     with pytest.raises(
-        ValueError, match=r"a finished model or a save_only_model checkpoint.*model_name_or_path"
+        ValueError,
+        match=r"no scheduler.pt\): a finished model or a save_only_model checkpoint.*model_name_or",
     ):
         checkpoints.resume_checkpoint(tmp_path, str(model_only))
     (model_only / "global_step4").mkdir()  # DeepSpeed's own scheduler: its state is in DeepSpeed's folder
     assert checkpoints.checkpoint_problem(model_only) is None
+
+
+def test_a_checkpoint_without_its_optimizer_state_is_not_resumed_from(tmp_path, caplog):
+    """transformers loads the scheduler only beside the optimizer: without optimizer.pt it would restart both."""
+    make_checkpoint(tmp_path, 2)
+    four = make_checkpoint(tmp_path, 4)
+    (four / "optimizer.pt").unlink()
+    assert checkpoints.resume_checkpoint(tmp_path, True) == str(tmp_path / "checkpoint-2")
+    assert "checkpoint-4 holds no optimizer or learning-rate scheduler state (no optimizer.pt)" in caplog.text
+    # FSDP saves it as optimizer.bin (full state) or an optimizer_0/ folder (sharded); DeepSpeed in global_step*.
+    for held in ("optimizer.bin", "optimizer_0", "global_step4"):
+        path = four / held
+        if held.endswith(".bin"):
+            torch.save({"state": {}}, path)
+        else:
+            path.mkdir()
+        assert checkpoints.checkpoint_problem(four) is None, held
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
+@pytest.mark.parametrize("name", ["optimizer.pt", "scheduler.pt", "rng_state.pth", "optimizer.bin"])
+def test_a_truncated_torch_file_skips_the_checkpoint(tmp_path, caplog, name):
+    make_checkpoint(tmp_path, 2)
+    four = make_checkpoint(tmp_path, 4)
+    path = four / name
+    if not path.exists():  # FSDP's optimizer state
+        (four / "optimizer.pt").rename(path)
+    truncate(path, path.stat().st_size - 1)  # one byte short: the zip directory at its end is cut
+    assert checkpoints.resume_checkpoint(tmp_path, True) == str(tmp_path / "checkpoint-2")
+    assert f"not resuming from checkpoint-4: {path} is damaged (BadZipFile" in caplog.text
+
+
+def test_a_damaged_json_file_skips_the_checkpoint(tmp_path, caplog):
+    make_checkpoint(tmp_path, 2)
+    four = make_checkpoint(tmp_path, 4)
+    (four / "trainer_state.json").write_text('{"global_step": 4, "log_hi')  # killed while written
+    assert checkpoints.resume_checkpoint(tmp_path, True) == str(tmp_path / "checkpoint-2")
+    assert "checkpoint-4/trainer_state.json is damaged (JSONDecodeError" in caplog.text
+
+
+def test_a_checkpoint_without_its_weights_is_not_resumed_from(tmp_path, caplog):
+    make_checkpoint(tmp_path, 2)
+    four = make_checkpoint(tmp_path, 4)
+    (four / "model.safetensors").unlink()  # t3d_reference.safetensors is not the model's
+    assert checkpoints.resume_checkpoint(tmp_path, True) == str(tmp_path / "checkpoint-2")
+    assert "checkpoint-4 has no weights file" in caplog.text
+    save_file({"w": torch.ones(4)}, str(four / "adapter_model.safetensors"))  # an adapter's checkpoint
+    (four / "adapter_config.json").write_text("{}")
+    assert checkpoints.checkpoint_problem(four) is None
+    (four / "adapter_model.safetensors").unlink()
+    assert "has no weights file (none of adapter_model.safetensors" in checkpoints.checkpoint_problem(four)
+    (four / "adapter_config.json").unlink()
+    # Sharded weights: the index, and every shard it names.
+    save_file({"w": torch.ones(4)}, str(four / "model-00001-of-00002.safetensors"))
+    shards = {"w": "model-00001-of-00002.safetensors", "v": "model-00002-of-00002.safetensors"}
+    (four / "model.safetensors.index.json").write_text(json.dumps({"weight_map": shards}))
+    problem = checkpoints.checkpoint_problem(four)
+    assert "model-00002-of-00002.safetensors is missing (a shard" in problem
+    save_file({"v": torch.ones(4)}, str(four / "model-00002-of-00002.safetensors"))
+    assert checkpoints.checkpoint_problem(four) is None
+
+
+def test_a_resume_with_other_settings_is_refused_naming_each_difference(tmp_path):
+    args = SimpleNamespace(
+        to_dict=lambda: {"loss_type": "t3d", "learning_rate": 0.01, "per_device_train_batch_size": 2},
+        world_size=1,
+        auto_find_batch_size=False,
+    )
+    saved = checkpoints.run_settings(args, block_length=4)
+    assert saved == {
+        "loss_type": "t3d",
+        "learning_rate": 0.01,
+        "per_device_train_batch_size": 2,
+        "block_length": 4,
+        "world_size": 1,
+    }
+    folder = make_checkpoint(tmp_path, 4)
+    checkpoints.check_settings(folder, saved)  # written by an older version: no settings file, resumes
+    checkpoints.save_settings(folder, saved)
+    assert checkpoints.checkpoint_problem(folder) is None
+    checkpoints.check_settings(folder, saved)
+    checkpoints.check_settings(folder, {**saved, "new_setting": 1})  # one the checkpoint does not record
+    now = {**saved, "loss_type": "td", "learning_rate": 0.5}
+    with pytest.raises(ValueError) as info:
+        checkpoints.check_settings(folder, now)
+    message = str(info.value)
+    assert "loss_type: checkpoint 't3d', now 'td'; learning_rate: checkpoint 0.01, now 0.5" in message
+    assert "per_device_train_batch_size" not in message
+    assert "resume with the checkpoint's settings, or start another run in a new output_dir" in message
+    # With auto_find_batch_size transformers picks the batch size itself (and restores the checkpoint's).
+    args.auto_find_batch_size = True
+    assert "per_device_train_batch_size" not in checkpoints.run_settings(args, block_length=4)
 
 
 def test_no_checkpoint_to_resume_from_is_one_error(tmp_path):

@@ -226,7 +226,10 @@ def count_runs(monkeypatch) -> list[str]:
         ({"max_new_tokens": 6}, "decoding setting block4-tokps4"),
         ({"seeds": []}, "seeds must hold at least one seed"),
         # A model folder cut short (see damaged_copies), checked with every other before the first runs.
-        ({"models": ["cut=cut"]}, "model 'cut': cut/model.safetensors is damaged (Error while deserializing"),
+        (
+            {"models": ["cut=cut"]},
+            "model 'cut': cut/model.safetensors is damaged (SafetensorError: Error while deserializing",
+        ),
         ({"models": ["bare=bare"]}, "model 'bare': bare has no weights file (none of model.safetensors,"),
         # "first!" and "first" share samples/first: the second's samples would overwrite the first's.
         (

@@ -397,7 +397,7 @@ def test_a_missing_or_damaged_weights_file_is_named_before_anything_loads(tmp_pa
     torch.save(model.state_dict(), whole / "pytorch_model.bin")
     check_model_source(str(whole))
     _cut(whole / "pytorch_model.bin", 4000)
-    with pytest.raises(ValueError, match=r"pytorch_model.bin is damaged \(a torch.save zip archive"):
+    with pytest.raises(ValueError, match=r"pytorch_model.bin is damaged \(BadZipFile"):
         check_model_source(str(whole))
     torch.save(model.state_dict(), whole / "pytorch_model.bin", _use_new_zipfile_serialization=False)
     check_model_source(str(whole))

@@ -566,6 +566,11 @@ def test_prompts_over_the_limit_are_dropped_not_truncated(tokenizer, trajectorie
         ({"student_state_ratio": 1.5}, "student_state_ratio must be in"),
         ({"student_state_ratio": 0.5, "student_state_labels": "sample"}, "student_state_labels must be"),
         ({"student_state_labels": "rollout"}, "student_state_ratio=0 makes none"),
+        # 0 would train one step at learning rate 0 and save the unchanged model; -1 is transformers' "epochs".
+        ({"max_steps": 0}, "max_steps must be a positive number of optimizer steps, or -1"),
+        ({"max_steps": -2}, "max_steps must be a positive number"),
+        ({"num_train_epochs": 0}, "num_train_epochs must be positive when max_steps=-1"),
+        ({"num_train_epochs": float("nan")}, "num_train_epochs must be positive"),
     ],
 )
 def test_invalid_configurations_fail_at_construction(tmp_path, overrides, message):
@@ -929,3 +934,61 @@ def test_an_adapter_of_a_local_base_model_is_not_pushed(tokenizer, trajectories,
             train_dataset=trajectories["bidirectional"],
             peft_config=lora,
         )
+
+
+def test_a_resume_skips_incomplete_checkpoints_and_refuses_other_settings(
+    tokenizer, trajectories, tmp_path, monkeypatch, caplog
+):
+    dataset = trajectories["bidirectional"]
+    out = tmp_path / "out"
+
+    def trainer(**overrides) -> T3DTrainer:
+        args = config(tmp_path, save_strategy="steps", save_steps=1, **overrides)
+        return T3DTrainer(build_bidirectional_model(tokenizer, seed=1), args, train_dataset=dataset)
+
+    trainer(max_steps=4).train()
+    settings = json.loads((out / "checkpoint-4" / "t3d_settings.json").read_text())
+    assert (settings["loss_type"], settings["learning_rate"], settings["block_length"]) == ("t3d", 1e-2, 4)
+    assert "max_steps" not in settings  # a resume may extend the run
+    # Each later checkpoint lacks something the resume needs; transformers would restart the optimizer and
+    # schedule silently (no optimizer.pt), stop (no weights), or fail in torch.load (a truncated scheduler.pt).
+    (out / "checkpoint-4" / "optimizer.pt").unlink()
+    (out / "checkpoint-3" / "model.safetensors").unlink()
+    scheduler = out / "checkpoint-2" / "scheduler.pt"
+    with open(scheduler, "r+b") as f:
+        f.truncate(scheduler.stat().st_size // 2)
+    resumed = trainer(max_steps=5)
+    steps = []
+    real = T3DTrainer.compute_loss
+    monkeypatch.setattr(
+        T3DTrainer, "compute_loss", lambda self, *a, **k: steps.append(1) or real(self, *a, **k)
+    )
+    resumed.train(resume_from_checkpoint=True)
+    assert resumed.state.global_step == 5 and len(steps) == 4  # from checkpoint-1
+    monkeypatch.undo()
+    assert "checkpoint-4 holds no optimizer or learning-rate scheduler state (no optimizer.pt)" in caplog.text
+    assert "checkpoint-3 has no weights file" in caplog.text
+    assert "checkpoint-2/scheduler.pt is damaged (BadZipFile" in caplog.text
+
+    # The td objective at another budget, learning rate and batch would train on from a t3d checkpoint.
+    changed = trainer(
+        max_steps=8, loss_type="td", tokens_per_step=4, learning_rate=0.5, per_device_train_batch_size=2
+    )
+    with pytest.raises(ValueError) as info:
+        changed.train(resume_from_checkpoint=True)
+    message = str(info.value)
+    for difference in (
+        "loss_type: checkpoint 't3d', now 'td'",
+        "tokens_per_step: checkpoint 2, now 4",
+        "learning_rate: checkpoint 0.01, now 0.5",
+        "per_device_train_batch_size: checkpoint 4, now 2",
+    ):
+        assert difference in message
+    assert "max_steps" not in message and "resume with the checkpoint's settings" in message
+    assert changed.state.global_step == 0  # refused before anything trained
+
+    # A checkpoint from before the settings were recorded resumes as it did.
+    (out / "checkpoint-5" / "t3d_settings.json").unlink()
+    older = trainer(max_steps=6, learning_rate=0.5)
+    older.train(resume_from_checkpoint=True)
+    assert older.state.global_step == 6

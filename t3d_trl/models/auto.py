@@ -140,28 +140,31 @@ def check_model_source(name_or_path: str, *, weights: bool = True, **hub_kwargs:
         )
 
 
-def safetensors_problem(path: str | os.PathLike) -> str | None:
-    """Why the safetensors file ``path`` cannot load, or ``None``. Reads its header only (a few bytes), and
-    safetensors checks that the file holds all the data the header describes: a truncated copy is found."""
+def file_problem(path: str | os.PathLike) -> str | None:
+    """Why ``path``, a checkpoint file something will load, is damaged; ``None`` when it looks whole. Cheap: reads
+    headers only. A ``.safetensors`` file must hold all the data its header describes; a torch-saved file
+    (``.bin``, ``.pt``, ``.pth``: a zip archive whose directory is at its end) must end as a zip (older pickle
+    files, which do not start as one, are not checked); a ``.json`` file must parse."""
     from safetensors import safe_open
 
+    path = str(path)
     try:
-        with safe_open(str(path), framework="pt"):
-            pass
-    except Exception as err:  # noqa: BLE001 - safetensors raises its own error type (and OSError)
-        return f"{path} is damaged ({' '.join(str(err).split())})"
-    return None
-
-
-def _pickle_problem(path: str) -> str | None:
-    """A ``.bin`` that starts as a zip archive (``torch.save``'s format) must end as one: a truncated copy lost its
-    central directory at the end. Older pickle files are not checked."""
-    with open(path, "rb") as f:
-        head = f.read(4)
-    if not head:
-        return f"{path} is damaged (empty)"
-    if head == b"PK\x03\x04" and not zipfile.is_zipfile(path):
-        return f"{path} is damaged (a torch.save zip archive without its end: cut short?)"
+        if path.endswith(".safetensors"):
+            with safe_open(path, framework="pt"):
+                pass
+        elif path.endswith((".bin", ".pt", ".pth")):
+            with open(path, "rb") as f:
+                head = f.read(4)
+            if not head:
+                return f"{path} is damaged (empty)"
+            if head == b"PK\x03\x04":
+                with zipfile.ZipFile(path) as archive:
+                    archive.infolist()
+        elif path.endswith(".json"):
+            with open(path, encoding="utf-8") as f:
+                json.load(f)
+    except Exception as err:  # noqa: BLE001 - safetensors, zipfile and json each raise their own types (and OSError)
+        return f"{path} is damaged ({type(err).__name__}: {' '.join(str(err).split())})"
     return None
 
 
@@ -201,7 +204,7 @@ def check_weights(folder: str, adapter: bool = False) -> None:
         if missing:
             raise FileNotFoundError(f"{missing[0]} is missing (a shard {path} lists)")
     for file in files:
-        problem = safetensors_problem(file) if file.endswith(".safetensors") else _pickle_problem(file)
+        problem = file_problem(file)
         if problem is not None:
             raise ValueError(problem)
 

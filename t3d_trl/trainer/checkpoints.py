@@ -1,9 +1,12 @@
 """The rules of a training ``output_dir``: what a run may resume from, what it refuses, what it deletes.
 
 * A run resumes only from a checkpoint that loads: ``trainer_state.json`` present (the base trainer writes it
-  last, so a save cut short by a kill has none), the optimizer and scheduler states present (a finished model or
-  a ``save_only_model`` checkpoint has none: resuming would restart both) and every ``.safetensors`` file readable
-  (a crash or a partial copy leaves truncated ones). A damaged checkpoint is skipped with a warning naming it.
+  last, so a save cut short by a kill has none), the weights present, the optimizer and scheduler states present
+  (a finished model or a ``save_only_model`` checkpoint has none: resuming would restart both), every
+  ``.safetensors`` file readable and every torch-saved file (optimizer, scheduler, RNG states) a whole zip
+  archive (a crash or a partial copy leaves truncated ones). A damaged checkpoint is skipped with a warning.
+* A resumed run must use the settings its checkpoint was trained with (``t3d_settings.json``): the objective,
+  the training states and the optimisation. Changed ones are refused, naming each difference.
 * A fresh run (no resume) into a folder that already holds checkpoints or a finished model is refused unless
   ``overwrite_output_dir``, which deletes them first: a later resume must not pick up an older run's
   checkpoints, and a finished model must not be replaced without being asked.
@@ -12,6 +15,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -19,9 +23,23 @@ import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
-from transformers.trainer import SCHEDULER_NAME, TRAINER_STATE_NAME
+from transformers.trainer import (
+    FSDP_MODEL_NAME,
+    OPTIMIZER_NAME,
+    OPTIMIZER_NAME_BIN,
+    SCHEDULER_NAME,
+    TRAINER_STATE_NAME,
+)
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from transformers.utils import (
+    ADAPTER_SAFE_WEIGHTS_NAME,
+    ADAPTER_WEIGHTS_NAME,
+    CONFIG_NAME,
+)
+
+from ..models.auto import ADAPTER_CONFIG_FILE, check_weights, file_problem
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +54,52 @@ MODEL_FILES = (
     "adapter_model.bin",
     "adapter_config.json",
 )
+#: The run's settings a checkpoint records and a resume must match (:func:`run_settings`).
+SETTINGS_FILE = "t3d_settings.json"
+#: What a resumed run must keep: the objective, the training states (and the data they come from), and the
+#: optimisation, whose state (the AdamW groups and the schedule) the checkpoint restores over any new value, and
+#: whose global batch and seeds decide which batches the resume skips. Not max_steps/num_train_epochs, saving,
+#: logging or evaluation: a run is extended or watched differently without changing what it trains.
+RESUME_SETTINGS = (
+    "loss_type",
+    "beta",
+    "fake_weight",
+    "fake_estimator",
+    "lambda_path",
+    "path_weighting",
+    "ref_sync_steps",
+    "certainty_weight",
+    "certainty_temperature",
+    "block_length",
+    "tokens_per_step",
+    "state_sampling",
+    "student_state_ratio",
+    "student_state_labels",
+    "random_token_prob",
+    "max_prompt_length",
+    "max_completion_length",
+    "disable_dropout",
+    "average_tokens_across_devices",
+    "learning_rate",
+    "lr_scheduler_type",
+    "lr_scheduler_kwargs",
+    "warmup_steps",
+    "weight_decay",
+    "adam_beta1",
+    "adam_beta2",
+    "adam_epsilon",
+    "max_grad_norm",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "world_size",
+    "seed",
+    "data_seed",
+)
+#: JSON files a resume reads (besides a weights index, checked with its shards).
+RESUME_JSON_FILES = (TRAINER_STATE_NAME, SETTINGS_FILE, CONFIG_NAME)
+#: Files written with ``torch.save`` (zip archives) that a resume loads: optimizer, scheduler, scaler, RNG
+#: states, ``.bin`` weights, DeepSpeed's states. ``training_args.bin`` is never loaded.
+TORCH_SUFFIXES = (".pt", ".pth", ".bin")
 
 
 def list_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
@@ -55,34 +119,70 @@ def finished_model_files(output_dir: str | os.PathLike) -> list[Path]:
     return [p for p in named if p.is_file()] + shards
 
 
+def _weights_problem(folder: Path, subfolders: list[Path]) -> str | None:
+    """Why ``folder`` holds no weights to resume with, as transformers looks for them; ``None`` when it does."""
+    deepspeed = any(p.name.startswith("global_step") for p in subfolders)
+    fsdp = (folder / f"{FSDP_MODEL_NAME}.bin").is_file() or any(FSDP_MODEL_NAME in p.name for p in subfolders)
+    adapters = any(  # several adapters: one subfolder each
+        (p / name).is_file() for p in subfolders for name in (ADAPTER_SAFE_WEIGHTS_NAME, ADAPTER_WEIGHTS_NAME)
+    )
+    if deepspeed or fsdp or adapters:
+        return None
+    try:  # a model's or an adapter's own files, as from_pretrained finds them (a sharded index and its shards)
+        check_weights(str(folder), adapter=(folder / ADAPTER_CONFIG_FILE).is_file())
+    except (FileNotFoundError, ValueError) as err:
+        return str(err)
+    return None
+
+
+def _optimizer_problem(folder: Path, subfolders: list[Path]) -> str | None:
+    """Why ``folder`` holds no optimizer or scheduler state to resume with; ``None`` when it does.
+
+    transformers loads neither unless both are there (``Trainer._load_optimizer_and_scheduler``), and would then
+    restart the optimizer and the learning-rate schedule without a word.
+    """
+    if any(p.name.startswith("global_step") for p in subfolders):
+        return None  # DeepSpeed's own folder holds both (and scheduler.pt, for a scheduler of ours)
+    # optimizer.pt, or FSDP's optimizer.bin (full state) or optimizer_0/ (sharded), as transformers finds them.
+    optimizer = any((folder / name).is_file() for name in (OPTIMIZER_NAME, OPTIMIZER_NAME_BIN)) or any(
+        OPTIMIZER_NAME_BIN.split(".")[0] in p.name for p in subfolders
+    )
+    scheduler = (folder / SCHEDULER_NAME).is_file()
+    missing = [name for name, held in ((OPTIMIZER_NAME, optimizer), (SCHEDULER_NAME, scheduler)) if not held]
+    if missing:
+        return (
+            f"{folder} holds no optimizer or learning-rate scheduler state (no {' or '.join(missing)}): a finished "
+            "model or a save_only_model checkpoint (or an incomplete copy of a checkpoint), from which a resumed "
+            "run would restart its optimizer and schedule; start a new run from it instead (model_name_or_path)"
+        )
+    return None
+
+
 def checkpoint_problem(checkpoint: str | os.PathLike) -> str | None:
     """Why ``checkpoint`` cannot be resumed from, or ``None`` when it loads.
 
-    Reads every ``.safetensors`` header (a few bytes each; safetensors also checks that the file holds all the
-    data its header describes), so a truncated weights file is found before the trainer tries to load it.
+    Checks that the weights and the optimizer and scheduler states are there, and reads the header of every file
+    a resume loads (``.safetensors``, torch-saved zips, JSON), so a truncated one is found before the trainer
+    tries to load it.
     """
-    import safetensors
-
     folder = Path(checkpoint)
     if not folder.is_dir():
         return f"{folder}: no such checkpoint folder"
     if not (folder / TRAINER_STATE_NAME).is_file():
         return f"{folder} has no {TRAINER_STATE_NAME} (interrupted while saved?)"
-    # The scheduler's state is saved beside the optimizer's on every path but DeepSpeed's own scheduler, whose
-    # state is in DeepSpeed's global_step* folder. Without them the base trainer would restart both silently.
-    if not (folder / SCHEDULER_NAME).is_file() and not any(folder.glob("global_step*")):
-        return (
-            f"{folder} holds no optimizer or learning-rate scheduler state ({SCHEDULER_NAME}): it is a finished "
-            "model or a save_only_model checkpoint, from which a resumed run would restart its optimizer and "
-            "schedule; start a new run from it instead (model_name_or_path)"
-        )
-    for path in sorted(folder.rglob("*.safetensors")):
-        try:
-            with safetensors.safe_open(str(path), framework="pt"):
-                pass
-        except Exception as err:  # safetensors raises its own error type (and OSError) for damaged files
-            return f"{path} is damaged ({' '.join(str(err).split())})"
-    return None
+    subfolders = [p for p in folder.iterdir() if p.is_dir()]
+    problem = _weights_problem(folder, subfolders) or _optimizer_problem(folder, subfolders)
+    if problem is not None:
+        return problem
+    loaded = [folder / name for name in RESUME_JSON_FILES if (folder / name).is_file()]
+    loaded += [
+        path
+        for path in sorted(folder.rglob("*"))
+        if path.suffix in (".safetensors", *TORCH_SUFFIXES)
+        and path.name != "training_args.bin"
+        and path.is_file()
+    ]
+    return next((problem for path in loaded if (problem := file_problem(path)) is not None), None)
 
 
 def last_loadable_checkpoint(output_dir: str | os.PathLike) -> str:
@@ -123,6 +223,43 @@ def resume_checkpoint(
             raise ValueError(f"cannot resume from {resume_from_checkpoint}: {problem}")
         return str(resume_from_checkpoint)
     return None
+
+
+def run_settings(args: Any, block_length: int) -> dict[str, Any]:
+    """The settings of ``RESUME_SETTINGS`` a run trains with, as JSON values (``block_length``: the one in use)."""
+    values = args.to_dict()  # enums (the scheduler type) as their values
+    settings = {name: values[name] for name in RESUME_SETTINGS if name in values}
+    settings.update(block_length=block_length, world_size=args.world_size)
+    if args.auto_find_batch_size:  # transformers lowers the batch itself, and restores the checkpoint's
+        settings.pop("per_device_train_batch_size")
+    return json.loads(json.dumps(settings))
+
+
+def save_settings(folder: str | os.PathLike, settings: dict[str, Any]) -> None:
+    """Record ``settings`` (:func:`run_settings`) in checkpoint ``folder``, for :func:`check_settings`."""
+    Path(folder, SETTINGS_FILE).write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
+
+
+def check_settings(checkpoint: str | os.PathLike, settings: dict[str, Any]) -> None:
+    """Refuse to resume from ``checkpoint`` with other ``settings`` than it was trained with, naming each
+    difference: the resumed steps would train another objective, or at a learning rate the restored optimizer and
+    scheduler silently override, or skip the wrong batches. A checkpoint from before the settings were recorded
+    (no ``t3d_settings.json``) resumes as it is; a setting it does not record is not compared."""
+    path = Path(checkpoint, SETTINGS_FILE)
+    if not path.is_file():
+        return
+    saved = json.loads(path.read_text())
+    diffs = [
+        f"{name}: checkpoint {saved[name]!r}, now {value!r}"
+        for name, value in settings.items()
+        if name in saved and saved[name] != value
+    ]
+    if diffs:
+        raise ValueError(
+            f"{checkpoint} was trained with other settings than this run's ({'; '.join(diffs)}): resume with the "
+            "checkpoint's settings, or start another run in a new output_dir (from this checkpoint's weights: "
+            "model_name_or_path)"
+        )
 
 
 def clear_for_fresh_run(output_dir: str | os.PathLike, overwrite: bool, is_main: bool) -> None:

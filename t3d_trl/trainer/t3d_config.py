@@ -226,6 +226,18 @@ class T3DConfig(_BaseConfig):
         if self.use_cpu or not torch.accelerator.is_available():
             self.dataloader_pin_memory = False
         super().__post_init__()
+        # transformers' convention: max_steps > 0 overrides num_train_epochs, -1 (the default) trains for
+        # num_train_epochs. 0 (or no epochs) would take one step at learning rate 0 and save the unchanged model.
+        if self.max_steps == 0 or self.max_steps < -1:
+            raise ValueError(
+                f"max_steps must be a positive number of optimizer steps, or -1 to train for num_train_epochs; got "
+                f"{self.max_steps}"
+            )
+        if self.max_steps == -1 and not (math.isfinite(self.num_train_epochs) and self.num_train_epochs > 0):
+            raise ValueError(
+                f"num_train_epochs must be positive when max_steps=-1 sets the run's length by epochs; got "
+                f"{self.num_train_epochs}"
+            )
         if self.loss_type not in LOSS_TYPES:
             raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {self.loss_type!r}")
         if self.fake_estimator not in FAKE_ESTIMATORS:

@@ -454,13 +454,18 @@ class T3DTrainer(DataMixin, MetricsMixin, _BaseTrainer):
         command line gives) for the last checkpoint in ``output_dir`` that loads (a damaged one is skipped with a
         warning). Without it, an ``output_dir`` that already holds checkpoints or a finished model is refused
         unless ``args.overwrite_output_dir``, which deletes them first: a fresh run must not leave an older run's
-        later checkpoints for a resume to pick up, nor replace a finished model unasked.
+        later checkpoints for a resume to pick up, nor replace a finished model unasked. A resume with other
+        settings than its checkpoint's (objective, states, optimisation) is refused, naming each difference.
         """
         output_dir = self.args.output_dir
         resume_from_checkpoint = checkpoints.resume_checkpoint(output_dir, resume_from_checkpoint)
         if resume_from_checkpoint is None:
             checkpoints.clear_for_fresh_run(output_dir, self.args.overwrite_output_dir, self.args.should_save)
             self.accelerator.wait_for_everyone()
+        else:  # every process reads it, so all of them stop
+            checkpoints.check_settings(
+                resume_from_checkpoint, checkpoints.run_settings(self.args, self.block_length)
+            )
         return super().train(resume_from_checkpoint, *args, **kwargs)
 
     def _save_checkpoint(self, model, trial):
@@ -472,10 +477,13 @@ class T3DTrainer(DataMixin, MetricsMixin, _BaseTrainer):
                 Path(self.args.output_dir).name if self.args.hub_model_id is None else self.args.hub_model_id
             )
             self.create_model_card(model_name=name.split("/")[-1])
+            # Written first, so a checkpoint pushed to the Hub by the base class carries them too: the settings
+            # a resume must keep, and the reference.
+            if self.args.should_save:
+                os.makedirs(folder, exist_ok=True)
+                settings = checkpoints.run_settings(self.args, self.block_length)
+                checkpoints.save_settings(folder, settings)
             if self._needs_reference:
-                # Written first, so a checkpoint pushed to the Hub by the base class carries the reference too.
-                if self.args.should_save:
-                    os.makedirs(folder, exist_ok=True)
                 self.reference.save(folder)  # every process: a sharded reference is gathered for the main one
             super()._save_checkpoint(model, trial)
 
