@@ -578,6 +578,13 @@ def test_invalid_configurations_fail_at_construction(tmp_path, overrides, messag
         T3DConfig(output_dir=str(tmp_path), **overrides)
 
 
+def test_an_output_dir_that_is_a_file_fails_at_construction(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("")  # the run failed only once it saved, after the model and data had loaded
+    with pytest.raises(ValueError, match="output_dir .*afile is a file"):
+        T3DConfig(output_dir=str(afile))
+
+
 def test_config_defaults_follow_the_paper_and_work_on_cpu(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no deprecation warning from our own defaults on every run
