@@ -239,7 +239,9 @@ class T3DConfig(_BaseConfig):
                 f"{self.num_train_epochs}"
             )
         if self.output_dir is not None and os.path.isfile(self.output_dir):  # before a model or data loads
-            raise ValueError(f"output_dir {self.output_dir} is a file: checkpoints and the model need a folder")
+            raise ValueError(
+                f"output_dir {self.output_dir} is a file: checkpoints and the model need a folder"
+            )
         if self.loss_type not in LOSS_TYPES:
             raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {self.loss_type!r}")
         if self.fake_estimator not in FAKE_ESTIMATORS:
