@@ -159,6 +159,21 @@ def test_a_resume_with_other_settings_is_refused_naming_each_difference(tmp_path
     args.auto_find_batch_size = True
     assert "per_device_train_batch_size" not in checkpoints.run_settings(args, block_length=4)
 
+    # Equivalent values are one setting: no schedule kwargs (None or {}), and the cross-process token average of
+    # a single process (it changes nothing there).
+    def settings(**values):
+        extra = SimpleNamespace(
+            to_dict=lambda: values, world_size=args.world_size, auto_find_batch_size=False
+        )
+        return checkpoints.run_settings(extra, block_length=4)
+
+    checkpoints.save_settings(folder, settings(lr_scheduler_kwargs=None, average_tokens_across_devices=True))
+    checkpoints.check_settings(folder, settings(lr_scheduler_kwargs={}, average_tokens_across_devices=False))
+    args.world_size = 2
+    checkpoints.save_settings(folder, settings(average_tokens_across_devices=True))
+    with pytest.raises(ValueError, match="average_tokens_across_devices: checkpoint True, now False"):
+        checkpoints.check_settings(folder, settings(average_tokens_across_devices=False))
+
 
 def test_no_checkpoint_to_resume_from_is_one_error(tmp_path):
     with pytest.raises(ValueError, match="holds no checkpoint-\\* folder"):

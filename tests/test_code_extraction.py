@@ -95,6 +95,16 @@ def test_tilde_and_longer_fences() -> None:
     assert extract_code(nested, rule="last_block") == "print(add(1, 2))\n"
     assert extract_code("````python\nx = '```'\n````") == "x = '```'\n"
     assert extract_code(f"~~~python\nx = '```'\n~~~\n```python\n{solution}```", "add") == solution
+    # A tilde fence closes only on a line of its own; a "~~~" line that closes nothing before a later fence is
+    # prose (a rule of tildes, strikethrough), not a block swallowing the code after it.
+    assert extract_code("~~~python\nx = '~~~'\ny = 2\n~~~") == "x = '~~~'\ny = 2\n"
+    for prose in ("Plan\n~~~~~~~~\n", "~~~wrong~~~ approach\n"):
+        assert extract_code(f"{prose}```python\n{solution}```\n", "add") == solution
+        assert extract_code(f"{prose}```python\n{solution}```\n", rule="last_block") == solution
+    # Backticks as models write them: a closing and an opening fence run together are two fences, and a fence
+    # of four left unclosed is closed by three.
+    assert extract_code("```python\na = 1\n``````python\nb = 2\n```") == "b = 2\n"
+    assert extract_code(f"````python\n{solution}```\n", "add") == solution
 
 
 def test_entry_point_from_tests() -> None:

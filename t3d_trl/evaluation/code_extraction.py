@@ -27,13 +27,29 @@ _PYTHON_TAGS = {"python", "py", "python3", "py3"}
 CODE_EXTRACTION_RULES = ("entry_point", "last_block")
 CodeExtraction = Literal["entry_point", "last_block"]
 # A fence opens with three or more backticks (anywhere on a line, as models write them; no backtick in its info
-# string) or tildes (at the start of a line, so that prose's ``~~~`` is not one), and closes with at least as many
-# of the same character. The blanks before an opening fence that starts its line are its indent (a fence nested in
-# a list item).
+# string) or tildes (at the start of a line, so that prose's ``~~~`` is not one). A backtick fence closes at the
+# next run of at least as many backticks (anywhere: models often close on the code's last line); a tilde fence
+# only on a line of its own, as CommonMark closes every fence. The blanks before an opening fence that starts its
+# line are its indent (a fence nested in a list item).
 _FENCE_OPEN_RE = re.compile(
     r"(?P<indent>^[ \t]*)?(?P<fence>`{3,})(?P<info>[^\n`]*)\n|^(?P<indent2>[ \t]*)(?P<fence2>~{3,})(?P<info2>[^\n]*)\n",
     re.MULTILINE,
 )
+
+
+def _closing_fence(completion: str, fence: str, start: int) -> tuple[int, int] | None:
+    """``(start, end)`` of the fence that closes ``fence`` after ``start``; ``None`` when it is not closed. A
+    backtick fence consumes only its own length of a longer run (a closing and an opening fence written together,
+    ``````` ``````python ```````, are two)."""
+    if fence[0] == "`":
+        # A longer fence left unclosed is closed by a shorter run: models open with four and close with three.
+        for length in dict.fromkeys((len(fence), 3)):
+            closing = re.compile(f"`{{{length},}}").search(completion, start)
+            if closing is not None:
+                return closing.start(), closing.start() + length
+        return None
+    closing = re.compile(rf"^[ \t]*~{{{len(fence)},}}[ \t]*$", re.MULTILINE).search(completion, start)
+    return None if closing is None else closing.span()
 
 
 def _unindent(body: str, indent: int) -> str:
@@ -54,12 +70,15 @@ def _fenced_blocks(completion: str) -> list[tuple[str, str]]:
         fence = opening.group("fence") or opening.group("fence2")
         indent = opening.group("indent") or opening.group("indent2") or ""
         info = opening.group("info") if opening.group("fence") else opening.group("info2")
-        closing = re.compile(f"{re.escape(fence[0])}{{{len(fence)},}}").search(completion, opening.end())
-        body = completion[opening.end() : closing.start() if closing else len(completion)]
+        closing = _closing_fence(completion, fence, opening.end())
+        if closing is None and fence[0] == "~" and _FENCE_OPEN_RE.search(completion, opening.end()):
+            position = opening.end()  # a "~~~" line that opens nothing before a later fence: prose
+            continue
+        body = completion[opening.end() : closing[0] if closing else len(completion)]
         blocks.append((info.strip().lower(), _unindent(body, len(indent))))
         if closing is None:
             break
-        position = closing.end()
+        position = closing[1]
     return blocks
 
 

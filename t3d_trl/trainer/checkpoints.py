@@ -232,6 +232,10 @@ def run_settings(args: Any, block_length: int) -> dict[str, Any]:
     settings.update(block_length=block_length, world_size=args.world_size)
     if args.auto_find_batch_size:  # transformers lowers the batch itself, and restores the checkpoint's
         settings.pop("per_device_train_batch_size")
+    if args.world_size == 1:  # it only decides how processes share a step's token count
+        settings.pop("average_tokens_across_devices", None)
+    if "lr_scheduler_kwargs" in settings:  # None and {} are the same schedule
+        settings["lr_scheduler_kwargs"] = settings["lr_scheduler_kwargs"] or {}
     return json.loads(json.dumps(settings))
 
 
