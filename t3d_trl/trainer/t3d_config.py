@@ -226,22 +226,7 @@ class T3DConfig(_BaseConfig):
         if self.use_cpu or not torch.accelerator.is_available():
             self.dataloader_pin_memory = False
         super().__post_init__()
-        # transformers' convention: max_steps > 0 overrides num_train_epochs, -1 (the default) trains for
-        # num_train_epochs. 0 (or no epochs) would take one step at learning rate 0 and save the unchanged model.
-        if self.max_steps == 0 or self.max_steps < -1:
-            raise ValueError(
-                f"max_steps must be a positive number of optimizer steps, or -1 to train for num_train_epochs; got "
-                f"{self.max_steps}"
-            )
-        if self.max_steps == -1 and not (math.isfinite(self.num_train_epochs) and self.num_train_epochs > 0):
-            raise ValueError(
-                f"num_train_epochs must be positive when max_steps=-1 sets the run's length by epochs; got "
-                f"{self.num_train_epochs}"
-            )
-        if self.output_dir is not None and os.path.isfile(self.output_dir):  # before a model or data loads
-            raise ValueError(
-                f"output_dir {self.output_dir} is a file: checkpoints and the model need a folder"
-            )
+        self._check_run()
         if self.loss_type not in LOSS_TYPES:
             raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {self.loss_type!r}")
         if self.fake_estimator not in FAKE_ESTIMATORS:
@@ -305,3 +290,22 @@ class T3DConfig(_BaseConfig):
                 )
         if self.loss_type == "t3d" and self.lambda_path == 0:
             raise ValueError("loss_type='t3d' with lambda_path=0 is DDO alone: use loss_type='ddo'")
+
+    def _check_run(self) -> None:
+        """The run's length and folder, checked before a model or data loads."""
+        # transformers' convention: max_steps > 0 overrides num_train_epochs, -1 (the default) trains for
+        # num_train_epochs. 0 (or no epochs) would take one step at learning rate 0 and save the unchanged model.
+        if self.max_steps == 0 or self.max_steps < -1:
+            raise ValueError(
+                f"max_steps must be a positive number of optimizer steps, or -1 to train for num_train_epochs; got "
+                f"{self.max_steps}"
+            )
+        if self.max_steps == -1 and not (math.isfinite(self.num_train_epochs) and self.num_train_epochs > 0):
+            raise ValueError(
+                f"num_train_epochs must be positive when max_steps=-1 sets the run's length by epochs; got "
+                f"{self.num_train_epochs}"
+            )
+        if self.output_dir is not None and os.path.isfile(self.output_dir):
+            raise ValueError(
+                f"output_dir {self.output_dir} is a file: checkpoints and the model need a folder"
+            )
