@@ -109,6 +109,18 @@ def test_generate_sets_every_decoding_field_under_its_own_name():
     }
     config = DiffusionGenerationConfig(tokens_per_step=2).update(**overrides)
     assert (config.steps, config.tokens_per_step, config.approximate_cache) == (8, None, None)
+    # `none` clears a saved value: a model saved with a threshold decodes statically (there was no way to).
+    cleared = decoding_overrides(
+        build_parser().parse_args(["--model", "m", "--prompt", "p", "--threshold", "none", "--top_k", "None"])
+    )
+    assert cleared == {"threshold": None, "top_k": None}
+    saved = DiffusionGenerationConfig(threshold=0.9, top_k=3)
+    assert (saved.update(**cleared).threshold, saved.update(**cleared).top_k) == (None, None)
+    assert decoding_overrides(
+        build_parser().parse_args(["--model", "m", "--prompt", "p", "--threshold", "0.5"])
+    ) == {"threshold": 0.5}
+    with pytest.raises(RecipeError, match="invalid float value: 'high'"):
+        build_parser().parse_args(["--model", "m", "--prompt", "p", "--threshold", "high"])
 
 
 def test_eval_recipe_and_flags_set_every_decoding_field(tmp_path):
@@ -158,6 +170,12 @@ def test_cache_folds_into_use_cache_and_cache_implementation():
     )  # a config saved before
     assert saved.cache_implementation == "prefix" and "cache" not in saved.to_dict()
     assert saved.update(cache="none").cache_implementation is None
+    # Asking for an approximate cache turns a saved use_cache=False on (it was ignored without a word).
+    off = DiffusionGenerationConfig(use_cache=False)
+    assert off.update(cache_implementation="dual").approximate_cache == "dual"
+    assert off.update(cache="prefix").approximate_cache == "prefix"
+    assert off.update(cache_implementation="dual", use_cache=False).approximate_cache is None
+    assert off.update(cache="none").use_cache is False
     with pytest.raises(ValueError, match="disagree"):
         DiffusionGenerationConfig(cache="prefix", cache_implementation="dual")
     with pytest.raises(ValueError, match="block-causal models decode with their exact block cache"):

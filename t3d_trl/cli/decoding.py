@@ -63,6 +63,16 @@ def str_to_bool(value: str | bool) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
 
 
+def _or_none(kind: type) -> Any:
+    """``kind`` as an argparse type that also reads ``none`` (as ``None``)."""
+
+    def parse(value: str) -> Any:
+        return None if value.lower() == "none" else kind(value)
+
+    parse.__name__ = kind.__name__  # argparse names the type in its errors: "invalid float value"
+    return parse
+
+
 def add_decoding_arguments(parser: argparse.ArgumentParser | Any) -> None:
     """Add a flag per decoding field (left out: not set, so the model's saved setting decides)."""
     helps = docstring_help(DiffusionGenerationConfig)
@@ -75,6 +85,10 @@ def add_decoding_arguments(parser: argparse.ArgumentParser | Any) -> None:
             kwargs.update(type=str_to_bool, nargs="?", const=True, metavar="{true,false}")
         elif typing.get_origin(kind) is list:
             kwargs.update(type=typing.get_args(kind)[0], nargs="+")
+        elif f.default is None:  # `none` clears the model's saved value (a saved threshold: static decoding)
+            kwargs.update(
+                type=_or_none(kind), help=f"{kwargs['help']} ('none' clears the model's saved value)"
+            )
         else:
             kwargs["type"] = kind
         parser.add_argument(f"--{f.name}", **kwargs)

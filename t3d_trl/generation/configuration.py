@@ -247,7 +247,8 @@ class DiffusionGenerationConfig:
         unknown = set(overrides) - known
         if unknown:
             raise TypeError(f"unknown generation settings: {sorted(unknown)}")
-        # Setting one budget unit clears the other, so overrides never conflict with saved defaults.
+        # Setting one budget unit clears the other, so overrides never conflict with saved defaults; an approximate
+        # cache asked for turns a saved use_cache=False on (it would be ignored without a word).
         if overrides.get("steps") is not None:
             overrides.setdefault("tokens_per_step", None)
         if overrides.get("tokens_per_step") is not None:
@@ -264,6 +265,8 @@ class DiffusionGenerationConfig:
                         "disagree: give cache_implementation alone (cache is its old spelling)"
                     )
                 overrides["cache_implementation"] = old
+        if overrides.get("cache_implementation") is not None:  # asking for a cache asks for caching
+            overrides.setdefault("use_cache", True)
         return replace(self, **overrides)
 
     def to_dict(self) -> dict[str, Any]:
