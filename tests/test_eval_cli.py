@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -16,13 +17,15 @@ from testing_utils import (
     registered_benchmark,
 )
 
-from t3d_trl.cli.eval import EvalConfig
+from t3d_trl.cli.eval import EvalConfig, EvalDecodingConfig
 from t3d_trl.cli.main import main
 from t3d_trl.data.prompts import format_user_message
 from t3d_trl.demo.quickstart import PACKAGED_TEACHERS
 from t3d_trl.evaluation.benchmarks import Benchmark
+from t3d_trl.evaluation.grid import GRID_FIELDS
 from t3d_trl.evaluation.runner import generate_completions, load_model
 from t3d_trl.generation.configuration import DiffusionGenerationConfig
+from t3d_trl.models.auto import saved_decoding_defaults
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -112,6 +115,11 @@ def test_eval_config_parsing(tmp_path, capsys):
     assert config.model_paths() == {"base": "org/model", "t3d-run": "/ckpt/t3d-run/"}
     assert config.data_file_paths() == {"gsm8k": "/data/gsm8k.jsonl"}
     assert config.generation_kwargs() == {}
+    # The grid's own fields (refused in run_grid's generation_kwargs) only reach the grid's lists.
+    grid = EvalConfig(models=["m"], block_lengths=[8], tokens_per_step=[2], steps=[4], thresholds=[0.9])
+    assert grid.generation_kwargs() == {} and not set(GRID_FIELDS) & {
+        f.name for f in fields(EvalDecodingConfig)
+    }
     with pytest.raises(ValueError, match="NAME=PATH, got 'gsm8k.jsonl'"):
         EvalConfig(models=["m"], data_files=["gsm8k.jsonl"]).data_file_paths()
     with pytest.raises(ValueError, match="'m' appears twice"):
@@ -483,3 +491,106 @@ def test_eval_rerun_evaluates_a_retrained_model_again_and_says_so(
         "evaluating its 1 finished run(s) again"
     ]
     assert "skipping" not in caplog.text
+
+
+def with_saved_defaults(kind: str, base: str, folder: Path, **saved) -> str:
+    """A checkpoint of ``kind`` whose decoding defaults are ``saved``: a model folder (config.json), a LoRA adapter
+    of ``base`` (diffusion_config.json), or a published Dream checkpoint (its family's: remasking='entropy')."""
+    if kind == "published":
+        from published_checkpoints import build_published
+
+        return str(build_published(folder, "dream")[0])
+    generation = {**DiffusionGenerationConfig().to_dict(), **saved}
+    if kind == "saved":
+        shutil.copytree(base, folder)
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, "diffusion_generation": generation}))
+        return str(folder)
+    from peft import LoraConfig, get_peft_model
+
+    from t3d_trl import AutoModelForDiffusionLM
+
+    lora = LoraConfig(r=2, target_modules=["q_proj"])
+    get_peft_model(AutoModelForDiffusionLM.from_pretrained(base), lora).save_pretrained(folder)
+    (folder / "diffusion_config.json").write_text(json.dumps({"diffusion_generation": generation}))
+    return str(folder)
+
+
+@pytest.mark.parametrize(
+    ("kind", "saved", "grid", "message"),
+    [
+        (
+            "saved",
+            {"remasking": "entropy"},
+            {"thresholds": [0.9], "max_new_tokens": 4},
+            "decoding setting block4-threshold0.9 over its saved decoding defaults with {'max_new_tokens': 4}: "
+            "dynamic decoding compares a probability with the threshold; remasking='entropy' has no probability",
+        ),
+        (
+            "saved",
+            {"max_new_tokens": 8},  # no --max_new_tokens: the saved length, which block 16 does not divide
+            {"block_lengths": [16], "tokens_per_step": [4]},
+            "decoding setting block16-tokps4 over its saved decoding defaults: max_new_tokens=8 is not a multiple "
+            "of block_length=16",
+        ),
+        (
+            "adapter",
+            {"remasking": "entropy"},
+            {"thresholds": [0.9], "max_new_tokens": 4},
+            "decoding setting block4-threshold0.9 over its saved decoding defaults with {'max_new_tokens': 4}: "
+            "dynamic decoding",
+        ),
+        (
+            "published",
+            {},
+            {"thresholds": [0.9], "max_new_tokens": 4},
+            "remasking='entropy' has no probability",
+        ),
+    ],
+)
+def test_eval_checks_every_models_saved_defaults_before_the_first_run(
+    saved_models, benchmark_files, tmp_path, capsys, monkeypatch, kind, saved, grid, message
+):
+    """The settings were checked over the class defaults: the first model ran, then the second one's saved
+    defaults (Dream's remasking, a saved length) stopped the grid, without naming it."""
+    second = with_saved_defaults(kind, saved_models["llada-like"], tmp_path / "second", **saved)
+    capsys.readouterr()  # building an adapter prints a progress bar
+    calls = count_runs(monkeypatch)
+    recipe = tmp_path / "eval.yaml"
+    values = {
+        "models": [f"first={saved_models['llada-like']}", f"second={second}"],
+        "benchmarks": ["gsm8k"],
+        "data_files": [f"gsm8k={benchmark_files['gsm8k']}"],
+        "block_lengths": [4],
+        "tokens_per_step": [],
+        "output_dir": str(tmp_path / "eval"),
+        **grid,
+    }
+    recipe.write_text(yaml.safe_dump(values))
+    assert main(["eval", "--config", str(recipe)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("t3d-trl eval: model 'second': ") and message in err, err
+    assert calls == [] and not (tmp_path / "eval").exists()
+
+
+@pytest.mark.parametrize("kind", ["sdar-like", "llada-like", "published", "adapter", "adapter-bare"])
+def test_saved_decoding_defaults_are_the_ones_a_model_loads_with(saved_models, tmp_path, kind):
+    """What the checks before the first run read from the config files alone is what loading gives (but the stop
+    ids a published checkpoint's tokenizer adds)."""
+    if kind in saved_models:
+        path = saved_models[kind]
+    elif kind == "adapter-bare":  # no diffusion_config.json: its base model's
+        path = with_saved_defaults("adapter", saved_models["sdar-like"], tmp_path / kind)
+        (tmp_path / kind / "diffusion_config.json").unlink()
+    else:
+        path = with_saved_defaults(
+            kind, saved_models["llada-like"], tmp_path / kind, max_new_tokens=8, steps=4
+        )
+    defaults, block_size = saved_decoding_defaults(path)
+    model, _ = load_model(path, device="cpu")
+    loaded = model.diffusion_generation_config
+    assert defaults == (loaded if kind != "published" else loaded.update(eos_token_id=defaults.eos_token_id))
+    assert block_size == (
+        model.diffusion_config.block_size if model.diffusion_config.is_block_causal else None
+    )
+    assert block_size == (4 if kind in ("sdar-like", "adapter-bare") else None)

@@ -56,7 +56,12 @@ def test_tiny_tasks_run_end_to_end(build, tokenizer, task_dir):
     # The decoding cost is reported next to the metrics.
     stats = out["config"]["t3d_decoding"]
     assert stats["samples"] == 4 and stats["mean_nfe"] > 0 and stats["tokens_per_second"] > 0
-    assert out["config"]["t3d_generation_config"]["tokens_per_step"] == 2
+    # The settings recorded are those generate_until decoded with: the task's max_gen_toks 6 as two blocks, greedy.
+    assert out["config"]["t3d_generation_config_source"] == "generate_until"
+    assert {k: out["config"]["t3d_generation_config"][k] for k in ("tokens_per_step", "max_new_tokens")} == {
+        "tokens_per_step": 2,
+        "max_new_tokens": 8,
+    }
     # generate_until is generate_completions on the rendered prompts, cut at the task's `until` ("\n"), with
     # max_gen_toks=6 rounded up to two blocks of 4.
     samples = out["samples"]["t3d_tiny_generate"]
@@ -100,6 +105,66 @@ def test_generate_until_honours_until_and_groups_generation_arguments(tokenizer)
     twice = Instance("generate_until", {}, (context, {"until": [], "max_gen_toks": 4}), 0, ("t", 0, 2))
     lm.generate_until([twice, twice])
     assert lm.decoding_stats()["samples"] == 5 + 2
+
+
+def test_results_record_the_settings_generate_until_decoded_with(tokenizer):
+    """``config.t3d_generation_config`` is what ran (the task's length and greedy decoding over the model's saved
+    max_new_tokens 8 and temperature 1), a list when the tasks asked for several settings; the model's settings,
+    marked as such, when nothing decoded."""
+    model = build_bidirectional_model(tokenizer)
+    saved = model.diffusion_generation_config.update(max_new_tokens=8, temperature=1.0, block_length=4)
+    saved.update(tokens_per_step=4).save_to_model_config(model.config)
+    lm = DiffusionLM(model, tokenizer=tokenizer, device="cpu")
+    info = lm.get_model_info()
+    assert info["t3d_generation_config_source"] == "model"  # a loglikelihood-only run decodes nothing
+    assert info["t3d_generation_config"] == lm.generation_config.to_dict()
+
+    def request(max_gen_toks: int) -> Instance:
+        arguments = {"until": [], "max_gen_toks": max_gen_toks, "do_sample": False}
+        return Instance("generate_until", {}, ("Q: 2+2=\nA:", arguments), 0)
+
+    lm.generate_until([request(16)])
+    assert lm.decoding_stats()["mean_nfe"] == 4  # 16 tokens, 4 per step
+    info = lm.get_model_info()
+    assert info["t3d_generation_config_source"] == "generate_until"
+    ran = lm.generation_config.update(max_new_tokens=16, temperature=0.0).to_dict()
+    assert info["t3d_generation_config"] == ran
+    lm.generate_until([request(4), request(16)])
+    shorter = lm.generation_config.update(max_new_tokens=4, temperature=0.0).to_dict()
+    assert lm.get_model_info()["t3d_generation_config"] == [ran, shorter]  # each once, in order of first use
+
+
+def test_peft_adapter_decodes_at_the_adapters_saved_defaults(tokenizer, tmp_path):
+    """``pretrained=BASE,peft=ADAPTER`` decodes at the settings saved with the adapter (its diffusion_config.json),
+    as ``pretrained=ADAPTER`` and every other loading route do; model arguments still win over them."""
+    from peft import LoraConfig, get_peft_model
+
+    from t3d_trl import AutoModelForDiffusionLM
+    from t3d_trl.models.auto import save_adapter_defaults
+
+    base, adapter = tmp_path / "base", tmp_path / "adapter"
+    build_bidirectional_model(tokenizer).save_pretrained(base)
+    tokenizer.save_pretrained(base)
+    student = get_peft_model(
+        AutoModelForDiffusionLM.from_pretrained(base), LoraConfig(r=2, target_modules=["q_proj"])
+    )
+    trained = student.diffusion_generation_config.update(max_new_tokens=8, block_length=8, tokens_per_step=4)
+    trained.save_to_model_config(student.base_model.model.config)
+    student.save_pretrained(adapter)
+    save_adapter_defaults(student, adapter)
+
+    request = Instance("generate_until", {}, ("Q: 2+2=\nA:", {"until": []}), 0)
+    answers = []
+    for lm in (
+        DiffusionLM(str(base), peft=str(adapter), device="cpu"),
+        DiffusionLM(str(adapter), device="cpu"),
+    ):
+        assert lm.generation_config == trained
+        answers.append(lm.generate_until([request]))
+        assert lm.decoding_stats()["mean_nfe"] == 2  # 8 tokens, 4 per step (the base model: one per step)
+    assert answers[0] == answers[1]
+    explicit = DiffusionLM(str(base), peft=str(adapter), device="cpu", tokens_per_step=2)
+    assert explicit.generation_config == trained.update(tokens_per_step=2)
 
 
 @pytest.mark.slow
@@ -216,6 +281,8 @@ def test_data_parallel_run_matches_one_process(tokenizer, task_dir, tmp_path):
     (results_file,) = (tmp_path / "out").rglob("results_*.json")
     results = json.loads(results_file.read_text())
     assert results["config"]["t3d_decoding"]["samples"] == 4  # gathered over both processes
+    for key in ("t3d_generation_config", "t3d_generation_config_source"):
+        assert results["config"][key] == single["config"][key]
     for task in tasks:
         (samples_file,) = (tmp_path / "out").rglob(f"samples_{task}_*.jsonl")
         parallel = {

@@ -10,7 +10,12 @@ import statistics
 
 import pytest
 import torch
-from testing_utils import BENCHMARK_ROWS, build_block_causal_model, registered_benchmark
+from testing_utils import (
+    BENCHMARK_ROWS,
+    build_bidirectional_model,
+    build_block_causal_model,
+    registered_benchmark,
+)
 
 from t3d_trl import DiffusionGenerationConfig, DiffusionGenerationOutput
 from t3d_trl.data.prompts import render_prompt
@@ -29,17 +34,20 @@ class ScriptedModel(torch.nn.Module):
     costs ``2 * tokens`` forward passes, so every metric of a run is known in advance.
     """
 
-    def __init__(self, tokenizer, scripts):
+    def __init__(self, tokenizer, scripts, **defaults):
         super().__init__()
         self.weight = torch.nn.Parameter(torch.zeros(1))
         self.tokenizer = tokenizer
         self.scripts = scripts
+        self.defaults = defaults  # saved decoding defaults other than the ones below
         self.batches: list[list[int]] = []  # prompt lengths of every call
         self.configs: list[DiffusionGenerationConfig] = []
 
     @property
     def diffusion_generation_config(self):
-        return DiffusionGenerationConfig(max_new_tokens=32, eos_token_id=self.tokenizer.eos_token_id)
+        return DiffusionGenerationConfig(
+            **{"max_new_tokens": 32, "eos_token_id": self.tokenizer.eos_token_id, **self.defaults}
+        )
 
     def completion(self, prompt, generator=None):
         script = next(value for key, value in self.scripts.items() if key in prompt)
@@ -278,7 +286,8 @@ def test_grid_settings():
         "block8-tokps8",
         "block8-threshold0.9",
     ]
-    assert settings[1].overrides() == {"block_length": 4, "tokens_per_step": 1, "threshold": 0.9}
+    # A dynamic setting leaves the static budget to the model (threshold_topup tops up to it).
+    assert settings[1].overrides() == {"block_length": 4, "threshold": 0.9}
     # steps is a static budget of its own: the setting's overrides leave tokens_per_step to clear.
     (by_steps,) = grid_settings([4], steps=[8])
     assert by_steps.label == "block4-steps8"
@@ -398,3 +407,132 @@ def test_run_grid_refuses_an_output_folder_it_cannot_fill_before_any_generation(
             grid({"m": first}, path)
     assert first.batches == []
     assert len(grid({"t/3d": first, "t_3d": second}, None).results) == 2  # no samples written: no clash
+
+
+def test_a_dict_generation_config_is_a_whole_config_and_stays_the_callers(tokenizer, benchmark_files):
+    """A dict failed in generate_completions (AttributeError) and, in evaluate_model, only after decoding the
+    whole benchmark with the saved defaults (TypeError); both wrote into the caller's dict."""
+    model = ScriptedModel(tokenizer, GSM8K_SCRIPTS)
+    given = {"max_new_tokens": 40, "tokens_per_step": 2, "eos_token_id": tokenizer.eos_token_id}
+    out = generate_completions(model, tokenizer, ["Tom has"], given, progress=False)
+    assert out.completions == [GSM8K_SCRIPTS["Tom has"]]
+    result = evaluate_model(
+        model, tokenizer, "gsm8k", given, data_files=benchmark_files["gsm8k"], progress=False
+    )
+    assert [(c.max_new_tokens, c.tokens_per_step) for c in model.configs] == [
+        (40, 2)
+    ] * 3  # one, warm-up, run
+    assert result.generation_config["tokens_per_step"] == 2
+    assert given == {"max_new_tokens": 40, "tokens_per_step": 2, "eos_token_id": tokenizer.eos_token_id}
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "argument"),
+    [
+        ("block_length", 4, "block_lengths"),
+        ("tokens_per_step", 2, "tokens_per_step"),
+        ("threshold", 0.9, "thresholds"),
+        ("steps", 4, "steps"),
+    ],
+)
+def test_run_grid_refuses_the_grid_fields_in_generation_kwargs(
+    tokenizer, benchmark_files, key, value, argument
+):
+    """The grid set them on every run: a threshold or block length given there was dropped, the run labelled by
+    the grid (steps clashed with the grid's tokens_per_step)."""
+    model = ScriptedModel(tokenizer, GSM8K_SCRIPTS)
+    with pytest.raises(
+        ValueError, match=rf"generation_kwargs sets {key}={value}, .*run_grid's {argument}=\["
+    ):
+        run_grid(
+            {"m": model},
+            ["gsm8k"],
+            tokenizer=tokenizer,
+            data_files={"gsm8k": benchmark_files["gsm8k"]},
+            generation_kwargs={key: value},
+            progress=False,
+        )
+    assert model.batches == []
+
+
+@pytest.mark.parametrize(
+    ("defaults", "grid", "message"),
+    [
+        (
+            {"remasking": "entropy"},  # Dream's: no probability to compare with a threshold
+            {"tokens_per_step": [], "thresholds": [0.9]},
+            r"model 'second': decoding setting block4-threshold0.9 over its saved decoding defaults: dynamic "
+            r"decoding .* remasking='entropy'",
+        ),
+        (
+            {"max_new_tokens": 8},  # no --max_new_tokens: each model's saved length
+            {"block_lengths": [16]},
+            r"model 'second': decoding setting block16-tokps1 over .*: max_new_tokens=8 is not a multiple of "
+            r"block_length=16",
+        ),
+        (
+            {
+                "dynamic_rule": "threshold_topup",
+                "tokens_per_step": 4,
+            },  # its top-up quota does not fit block 2
+            {"block_lengths": [2], "tokens_per_step": [], "thresholds": [0.9]},
+            r"model 'second': decoding setting block2-threshold0.9 .*: tokens_per_step=4 is larger than block_length=2",
+        ),
+    ],
+)
+def test_run_grid_checks_every_models_own_defaults_before_the_first_run(
+    tokenizer, benchmark_files, defaults, grid, message
+):
+    """Settings were checked over the class defaults: a later model's saved ones stopped the grid midway."""
+    first, second = (
+        ScriptedModel(tokenizer, GSM8K_SCRIPTS),
+        ScriptedModel(tokenizer, GSM8K_SCRIPTS, **defaults),
+    )
+    with pytest.raises(ValueError, match=message):
+        run_grid(
+            {"first": first, "second": second},
+            ["gsm8k"],
+            tokenizer=tokenizer,
+            data_files={"gsm8k": benchmark_files["gsm8k"]},
+            progress=False,
+            **grid,
+        )
+    assert first.batches == second.batches == []
+
+
+@pytest.mark.parametrize("rule", ["threshold_topup", "threshold"])
+def test_dynamic_settings_decode_as_the_model_would(tokenizer, benchmark_files, tmp_path, rule):
+    """A dynamic setting forced tokens_per_step=1, so a threshold_topup model topped up to 1 token a step where
+    diffusion_generate (and generate, lm-eval) topped up to its saved 4. The plain rule reads no quota: it decodes
+    as before (one token per step), at a block smaller than the saved quota too."""
+    model = build_bidirectional_model(tokenizer, max_position_embeddings=1024)
+    saved = model.diffusion_generation_config.update(
+        max_new_tokens=16, block_length=8, tokens_per_step=4, dynamic_rule=rule
+    )
+    saved.save_to_model_config(model.config)
+    blocks = [8] if rule == "threshold_topup" else [2, 8]
+    grid = run_grid(
+        {"m": (model, tokenizer)},
+        ["gsm8k"],
+        block_lengths=blocks,
+        tokens_per_step=[],
+        thresholds=[0.9],
+        data_files={"gsm8k": benchmark_files["gsm8k"]},
+        limit=1,
+        output_dir=tmp_path,
+        progress=False,
+    )
+    message = get_benchmark("gsm8k").user_message({"problem": BENCHMARK_ROWS["gsm8k"][0]["question"]})
+    for entry, block in zip(grid.results, blocks):
+        (sample,) = [json.loads(line) for line in (tmp_path / entry["samples_file"]).read_text().splitlines()]
+        direct = saved.update(block_length=block, threshold=0.9)  # what diffusion_generate decodes
+        if rule == "threshold":
+            direct = direct.update(tokens_per_step=1)  # the grid's former setting: the same tokens
+        expected = generate_completions(model, tokenizer, [message], direct, progress=False)
+        assert (sample["completion"], sample["nfe"]) == (expected.completions[0], expected.nfe[0])
+        assert entry["generation_config"]["tokens_per_step"] == direct.tokens_per_step
+    if rule == "threshold_topup":  # the quota matters: one token a step decodes otherwise
+        ones = generate_completions(
+            model, tokenizer, [message], direct.update(tokens_per_step=1), progress=False
+        )
+        assert ones.nfe[0] > expected.nfe[0]

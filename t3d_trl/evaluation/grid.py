@@ -15,7 +15,23 @@ from .benchmarks import Benchmark, get_benchmark
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DecodingSetting", "check_run_settings", "grid_benchmarks", "grid_settings", "load_examples"]
+__all__ = [
+    "GRID_FIELDS",
+    "DecodingSetting",
+    "check_run_settings",
+    "grid_benchmarks",
+    "grid_settings",
+    "load_examples",
+]
+
+#: The decoding fields the grid sets, and the :func:`run_grid` argument that gives each (refused in
+#: ``generation_kwargs``: the grid's value would silently replace it).
+GRID_FIELDS = {
+    "block_length": "block_lengths",
+    "tokens_per_step": "tokens_per_step",
+    "threshold": "thresholds",
+    "steps": "steps",
+}
 
 
 @dataclass(frozen=True)
@@ -24,7 +40,8 @@ class DecodingSetting:
 
     Static: ``block_length`` and ``tokens_per_step`` (TokPS; ``block_length / tokens_per_step`` steps per
     block). Dynamic: ``block_length`` and a confidence ``threshold`` (one token per step at least, the
-    paper's "block 4, 4 steps per block, threshold 0.9").
+    paper's "block 4, 4 steps per block, threshold 0.9"); its ``tokens_per_step`` is not used: the
+    ``threshold_topup`` rule tops up to the model's own static quota (:meth:`config`).
     """
 
     block_length: int
@@ -41,14 +58,25 @@ class DecodingSetting:
         return f"block{self.block_length}-tokps{self.tokens_per_step}"
 
     def overrides(self) -> dict[str, Any]:
-        """``DiffusionGenerationConfig`` fields of this setting."""
+        """``DiffusionGenerationConfig`` fields of this setting (a dynamic one leaves the static budget alone)."""
         if self.steps is not None:
             return {"block_length": self.block_length, "steps": self.steps, "threshold": None}
-        return {
-            "block_length": self.block_length,
-            "tokens_per_step": self.tokens_per_step,
-            "threshold": self.threshold,
-        }
+        if self.threshold is not None:
+            return {"block_length": self.block_length, "threshold": self.threshold}
+        return {"block_length": self.block_length, "tokens_per_step": self.tokens_per_step, "threshold": None}
+
+    def config(
+        self, defaults: DiffusionGenerationConfig, generation_kwargs: Mapping[str, Any]
+    ) -> DiffusionGenerationConfig:
+        """The decoding settings of this setting's run of a model: its ``defaults``, then ``generation_kwargs``,
+        then this budget. The runner and the checks before the first run build them here, alike."""
+        config = defaults.update(**generation_kwargs)
+        overrides = self.overrides()
+        if self.threshold is not None and config.dynamic_rule == "threshold":
+            # The plain rule reads no static quota: one token per step, so that a saved quota (a student's
+            # tokens_per_step=4, or steps) cannot fail a smaller block. threshold_topup keeps it: its top-up.
+            overrides["tokens_per_step"] = 1
+        return config.update(**overrides)
 
 
 def grid_settings(
@@ -103,8 +131,6 @@ def check_run_settings(
     tokenizer: Any,
 ) -> None:
     """Everything :func:`run_grid` can check before the first generation (one error, naming the value)."""
-    from ..models.auto import adapter_base_model, check_model_source, read_model_kind
-
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be a positive number of problems, got {limit}")
     if batch_size is not None and batch_size < 1:
@@ -113,9 +139,15 @@ def check_run_settings(
         raise ValueError("seeds must hold at least one seed")
     if num_samples < 1:
         raise ValueError(f"num_samples must be positive, got {num_samples}")
-    for setting in settings:  # over the class defaults: each model's own defaults are checked when it loads
+    for key, argument in GRID_FIELDS.items():
+        if key in generation_kwargs:
+            raise ValueError(
+                f"generation_kwargs sets {key}={generation_kwargs[key]!r}, an axis of the grid that every run "
+                f"sets: give it as run_grid's {argument}=[...] (t3d-trl eval: --{argument})"
+            )
+    for setting in settings:  # what depends on no model, once (each model's defaults are checked below)
         try:
-            config = DiffusionGenerationConfig().update(**{**generation_kwargs, **setting.overrides()})
+            config = setting.config(DiffusionGenerationConfig(), generation_kwargs)
             if "max_new_tokens" in generation_kwargs:  # else each model's saved length decides
                 config.resolve(None)
         except (TypeError, ValueError) as err:
@@ -124,32 +156,65 @@ def check_run_settings(
             ) from err
     for name, spec in models.items():
         if isinstance(spec, str):
-            try:
-                check_model_source(spec)
-                base = adapter_base_model(spec)
-                if base is not None:
-                    check_model_source(base)
-            except (FileNotFoundError, ValueError) as err:  # missing, or damaged weights: name the model
-                kind = FileNotFoundError if isinstance(err, FileNotFoundError) else ValueError
-                raise kind(f"model {name!r}: {err}") from err
-            # Settings that depend on the model (a block-causal model refuses an approximate cache), from its
-            # config alone: every model is checked before the first generation.
-            try:
-                DiffusionGenerationConfig().update(**generation_kwargs).check_model(*read_model_kind(spec))
-            except ValueError as err:
-                raise ValueError(f"model {name!r} ({spec}): {err}") from err
-        else:
-            if not isinstance(spec, tuple) and tokenizer is None:
-                raise ValueError(
-                    f"model {name!r} was given as an object without a tokenizer: pass tokenizer=..."
-                )
-            model = spec[0] if isinstance(spec, tuple) else spec
-            try:
-                config = model.diffusion_generation_config.update(**generation_kwargs)
-                if config.cache_implementation is not None:
-                    config.check_model(model.diffusion_config.is_block_causal, accepts_4d_mask(model))
-            except ValueError as err:
-                raise ValueError(f"model {name!r}: {err}") from err
+            _check_model_source(name, spec, settings, generation_kwargs)
+            continue
+        if not isinstance(spec, tuple) and tokenizer is None:
+            raise ValueError(f"model {name!r} was given as an object without a tokenizer: pass tokenizer=...")
+        model = spec[0] if isinstance(spec, tuple) else spec
+        defaults = model.diffusion_generation_config
+        try:  # a model without a diffusion description fails here, named (a stand-in without one is bidirectional)
+            diffusion = getattr(model, "diffusion_config", None)
+            block_size = diffusion.block_size if diffusion is not None and diffusion.is_block_causal else None
+            config = defaults.update(**generation_kwargs)
+            if config.cache_implementation is not None:
+                config.check_model(model.diffusion_config.is_block_causal, accepts_4d_mask(model))
+        except ValueError as err:
+            raise ValueError(f"model {name!r}: {err}") from err
+        _check_model_settings(name, defaults, block_size, settings, generation_kwargs)
+
+
+def _check_model_source(
+    name: str, spec: str, settings: Sequence[DecodingSetting], generation_kwargs: Mapping[str, Any]
+) -> None:
+    """A model given as a path or Hub id: its files, and the settings over its saved defaults (config files only)."""
+    from ..models.auto import adapter_base_model, check_model_source, read_model_kind, saved_decoding_defaults
+
+    try:
+        check_model_source(spec)
+        base = adapter_base_model(spec)
+        if base is not None:
+            check_model_source(base)
+    except (FileNotFoundError, ValueError) as err:  # missing, or damaged weights: name the model
+        kind = FileNotFoundError if isinstance(err, FileNotFoundError) else ValueError
+        raise kind(f"model {name!r}: {err}") from err
+    try:
+        saved = saved_decoding_defaults(spec)
+        defaults = saved[0] if saved is not None else DiffusionGenerationConfig()
+        # Settings that depend on the model (a block-causal model refuses an approximate cache).
+        defaults.update(**generation_kwargs).check_model(*read_model_kind(spec))
+    except (TypeError, ValueError) as err:  # a damaged saved config too: it would fail to load
+        raise ValueError(f"model {name!r} ({spec}): {err}") from err
+    if saved is not None:  # None: a Hub id not in the cache, checked when it loads
+        _check_model_settings(name, *saved, settings, generation_kwargs)
+
+
+def _check_model_settings(
+    name: str,
+    defaults: DiffusionGenerationConfig,
+    block_size: int | None,
+    settings: Sequence[DecodingSetting],
+    generation_kwargs: Mapping[str, Any],
+) -> None:
+    """Every setting over a model's own decoding defaults, as its runs will decode (a later model's saved length,
+    remasking or quota would otherwise stop the grid midway)."""
+    for setting in settings:
+        try:
+            setting.config(defaults, generation_kwargs).resolve(block_size)
+        except (TypeError, ValueError) as err:
+            given = f" with {dict(generation_kwargs)}" if generation_kwargs else ""
+            raise ValueError(
+                f"model {name!r}: decoding setting {setting.label} over its saved decoding defaults{given}: {err}"
+            ) from err
 
 
 def grid_benchmarks(

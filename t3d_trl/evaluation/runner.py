@@ -118,7 +118,7 @@ def generate_completions(
     model: torch.nn.Module,
     tokenizer: Any,
     messages: Sequence[str],
-    generation_config: DiffusionGenerationConfig | None = None,
+    generation_config: DiffusionGenerationConfig | Mapping[str, Any] | None = None,
     *,
     use_chat_template: bool = True,
     batch_size: int | None = 8,
@@ -137,7 +137,8 @@ def generate_completions(
         model: a model with ``diffusion_generate`` (see :func:`t3d_trl.add_diffusion_generation`).
         tokenizer: its tokenizer.
         messages: user messages.
-        generation_config: decoding settings; defaults to the ones saved with the model.
+        generation_config: decoding settings (a config, or a dict of its fields: a whole config, whose missing
+            fields take the class defaults); default: the ones saved with the model.
         use_chat_template: wrap messages in the chat template.
         batch_size: prompts per ``diffusion_generate`` call; ``None``: as many as the free GPU memory holds (up
             to 128; 8 on the CPU).
@@ -151,9 +152,8 @@ def generate_completions(
         raise TypeError("messages must be a sequence of str, not a single str")
     if batch_size is not None and batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
-    config = (generation_config or model.diffusion_generation_config).update(
-        return_dict_in_generate=True, output_history=False
-    )
+    config = DiffusionGenerationConfig.parse(generation_config) or model.diffusion_generation_config
+    config = config.update(return_dict_in_generate=True, output_history=False)  # a copy: the caller's is kept
     device = _device(model)
     eos = torch.tensor(eos_token_ids(model, config), dtype=torch.long, device=device)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else int(eos[0]) if len(eos) else 0
@@ -271,7 +271,7 @@ def evaluate_model(
     model: torch.nn.Module,
     tokenizer: Any,
     benchmark: str | Benchmark,
-    generation_config: DiffusionGenerationConfig | None = None,
+    generation_config: DiffusionGenerationConfig | Mapping[str, Any] | None = None,
     *,
     examples: Sequence[Mapping[str, Any]] | None = None,
     data_files: str | Path | None = None,
@@ -292,7 +292,8 @@ def evaluate_model(
         tokenizer: its tokenizer.
         benchmark: a registered benchmark name (``"math500"``, ``"gsm8k"``, ``"mbpp"``, ``"humaneval"``) or a
             :class:`~t3d_trl.evaluation.benchmarks.Benchmark`.
-        generation_config: decoding settings; defaults to the ones saved with the model.
+        generation_config: decoding settings (a config, or a dict of its fields: a whole config, whose missing
+            fields take the class defaults); default: the ones saved with the model.
         examples: already loaded examples (``benchmark.load(...)``); otherwise they are loaded here, from
             ``data_files`` (a local file with the benchmark's schema) or the Hub.
         limit: evaluate the first ``limit`` problems only.
@@ -322,9 +323,8 @@ def evaluate_model(
     examples = list(examples)
     if not examples:
         raise ValueError(f"benchmark {benchmark.name!r} has no examples to evaluate")
-    config = (generation_config or model.diffusion_generation_config).update(
-        return_dict_in_generate=True, output_history=False
-    )
+    config = DiffusionGenerationConfig.parse(generation_config) or model.diffusion_generation_config
+    config = config.update(return_dict_in_generate=True, output_history=False)  # a copy: the caller's is kept
     if num_samples > 1 and config.temperature == 0 and config.remasking != "random":
         logger.warning(
             "num_samples=%d with greedy decoding (temperature=0): all samples are identical", num_samples
@@ -422,7 +422,7 @@ def run_grid(
         block_lengths, tokens_per_step, thresholds, steps: the grid (see
             :func:`t3d_trl.evaluation.grid.grid_settings`).
         generation_kwargs: other ``DiffusionGenerationConfig`` fields for every run (``max_new_tokens``,
-            ``temperature``, ``remasking``...), applied over each model's saved defaults.
+            ``temperature``, ``remasking``...), applied over each model's saved defaults; not the grid's own.
         tokenizer: the tokenizer of models given as objects without one.
         data_files: benchmark name -> local file with its schema (offline use).
         limit, batch_size, seeds, num_samples, use_chat_template: see :func:`evaluate_model`.
@@ -559,14 +559,14 @@ class _GridRun:
         model, tokenizer = self.load(spec)
         # Taken after loading: a Hub model is in the local cache only now.
         fingerprint = model_fingerprint(spec) if isinstance(spec, str) else None
-        base = model.diffusion_generation_config.update(**self.generation_kwargs)
+        defaults = model.diffusion_generation_config
         for i, (benchmark, setting) in enumerate(runs):
             bar.set_postfix_str(f"{name} / {benchmark.name} / {setting.label}")
             result = evaluate_model(
                 model,
                 tokenizer,
                 benchmark,
-                base.update(**setting.overrides()),
+                setting.config(defaults, self.generation_kwargs),
                 examples=self.examples[benchmark.name],
                 batch_size=self.batch_size,
                 seeds=self.seeds,

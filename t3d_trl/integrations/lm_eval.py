@@ -18,7 +18,7 @@ or from a shell, with exactly ``lm_eval``'s arguments and output: ``t3d-trl lm-e
   keep the settings saved with the model. The task's ``until`` strings cut the completion; its ``max_gen_toks`` is
   the generation length (rounded up to a whole number of blocks) unless ``max_new_tokens`` is a model argument.
   NFE, tokens per second and tokens per step are logged and written to the results' ``config`` under
-  ``t3d_decoding``.
+  ``t3d_decoding``, the settings decoded with under ``t3d_generation_config`` (see :meth:`DiffusionLM.get_model_info`).
 * ``loglikelihood`` is a Monte Carlo estimate of the masked-diffusion ELBO of the continuation, as LLaDA's
   evaluation computes it. ``estimator="stratified"`` (default, LLaDA's form without its rounding bias): sample
   ``j`` of ``mc_num`` masks ``l_j = floor((j + u) L / mc_num) + 1`` of the continuation's ``L`` tokens (``u ~
@@ -98,6 +98,23 @@ def _as_bool(value: Any) -> bool:
     return bool(value)
 
 
+def _attach_adapter(model: torch.nn.Module, peft: str) -> torch.nn.Module:
+    """The ``peft`` adapter on ``model`` with the decoding defaults saved with it, as ``AutoModelForDiffusionLM``
+    loads an adapter folder: a student decodes at the settings it was trained for, not its base model's (the
+    model arguments still apply over them)."""
+    from peft import PeftModel
+
+    from ..diffusion.config import CONFIG_KEY as DIFFUSION_KEY
+    from ..generation.configuration import CONFIG_KEY as GENERATION_KEY
+    from ..models.auto import add_diffusion_generation, read_adapter_defaults
+    from ..utils import without_checkpointing_deprecation
+
+    saved = read_adapter_defaults(peft, {})
+    with without_checkpointing_deprecation():  # peft reads a deprecated transformers attribute
+        model = PeftModel.from_pretrained(model, peft).eval()
+    return add_diffusion_generation(model, saved.get(DIFFUSION_KEY), saved.get(GENERATION_KEY))
+
+
 @register_model("t3d")
 class DiffusionLM(TemplateLM):
     """lm-eval model over a t3d-trl diffusion LM (any family ``AutoModelForDiffusionLM`` loads).
@@ -105,7 +122,8 @@ class DiffusionLM(TemplateLM):
     Args:
         pretrained: checkpoint folder or Hub repo id, or an already loaded model (then pass ``tokenizer``).
         tokenizer: its tokenizer (a name/path, or an object); default: ``pretrained``'s.
-        peft: a ``peft`` adapter folder or Hub id to load on top of ``pretrained`` (a LoRA student).
+        peft: a ``peft`` adapter folder or Hub id to load on top of ``pretrained`` (a LoRA student), with the
+            decoding defaults saved with it.
         dtype: ``auto``, ``bfloat16``, ``float16`` or ``float32``.
         device: default ``cuda`` when available, else ``cpu``; under ``accelerate launch``, each process's device.
         batch_size: prompts per ``diffusion_generate`` call (``generate_until``); a number, not ``auto``.
@@ -204,9 +222,7 @@ class DiffusionLM(TemplateLM):
 
             tokenizer = load_tokenizer(tokenizer)
         if peft is not None:
-            from peft import PeftModel
-
-            model = PeftModel.from_pretrained(model, peft).eval()
+            model = _attach_adapter(model, peft)
         self.model, self.tokenizer = model, tokenizer
         self._device = torch.device(device)
         self.pretrained_name = (
@@ -217,6 +233,7 @@ class DiffusionLM(TemplateLM):
         self._explicit = set(generation_kwargs)  # model arguments win over the task's generation arguments
         self.cfg = self.generation_config.cfg_scale  # one guidance scale for every request type
         self.stats: dict[str, float] = defaultdict(float)
+        self.decoded_configs: list[dict[str, Any]] = []  # what generate_until ran with: distinct, in order
 
     # ------------------------------------------------------------------------------------------ tokenisation
     @property
@@ -294,11 +311,13 @@ class DiffusionLM(TemplateLM):
         real = len(requests) - self._padding(requests)  # the stats count real samples only
         generator = torch.Generator(device=self._device).manual_seed(self.seed)
         bar = tqdm(total=len(requests), desc="t3d generate_until", disable=disable_tqdm or self.rank != 0)
+        used: list[dict[str, Any]] = []
         for (until, max_gen_toks, temperature), indices in groups.items():
             overrides: dict[str, Any] = {"max_new_tokens": self._generation_length(max_gen_toks)}
             if temperature is not None and "temperature" not in self._explicit:
                 overrides["temperature"] = float(temperature)
             config = self.generation_config.update(**overrides)
+            used.append(config.to_dict())
             contexts = [requests[i].args[0] for i in indices]
             out = generate_completions(
                 self.model,
@@ -329,6 +348,7 @@ class DiffusionLM(TemplateLM):
             bar.update(len(indices))
         bar.close()
         self._record(totals)  # once per call: every process makes the same calls (lm-eval pads the requests)
+        self._record_configs(used)
         logger.info("t3d decoding: %s", self.decoding_stats())
         return results
 
@@ -347,6 +367,16 @@ class DiffusionLM(TemplateLM):
         summed = self.all_gather(torch.tensor([totals], dtype=torch.float64, device=self._device)).sum(0)
         for key, value in zip(("samples", "tokens", "nfe", "seconds"), summed.tolist()):
             self.stats[key] += value
+
+    def _record_configs(self, used: list[dict[str, Any]]) -> None:
+        """Add the configs this call decoded with, on every process, to :attr:`decoded_configs` (each once)."""
+        if self.accelerator is not None:  # another process's share may hold other generation arguments
+            gathered: list[Any] = [None] * self.world_size
+            torch.distributed.all_gather_object(gathered, used)
+            used = [config for part in gathered for config in part]
+        for config in used:
+            if config not in self.decoded_configs:
+                self.decoded_configs.append(config)
 
     def decoding_stats(self) -> dict[str, float]:
         """NFE and speed of every ``generate_until`` call so far, over all processes.
@@ -368,9 +398,20 @@ class DiffusionLM(TemplateLM):
         }
 
     def get_model_info(self) -> dict[str, Any]:
-        """What lm-eval writes into the results' ``config``: the decoding settings and their measured cost."""
+        """What lm-eval writes into the results' ``config``: the decoding settings and their measured cost.
+
+        ``t3d_generation_config`` holds the settings ``generate_until`` decoded with (the task's ``max_gen_toks``
+        and ``temperature`` applied): one config, or a list of the distinct ones in order of first use when the
+        tasks asked for several. Without a ``generate_until`` request, nothing decoded: it holds the model's
+        settings (saved, with the model arguments) and ``t3d_generation_config_source`` says ``"model"``.
+        """
+        ran = self.decoded_configs
+        recorded: dict[str, Any] | list[dict[str, Any]] = self.generation_config.to_dict()
+        if ran:
+            recorded = ran[0] if len(ran) == 1 else list(ran)
         return {
-            "t3d_generation_config": self.generation_config.to_dict(),
+            "t3d_generation_config": recorded,
+            "t3d_generation_config_source": "generate_until" if ran else "model",
             "t3d_loglikelihood": {
                 "mc_num": self.mc_num,
                 "seed": self.seed,

@@ -265,6 +265,12 @@ def load_tokenizer(name_or_path: str, **hub_kwargs: Any) -> Any:
         return AutoTokenizer.from_pretrained(base, **_base_kwargs(name_or_path, hub_kwargs))
 
 
+def read_adapter_defaults(name_or_path: str, hub_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """What an adapter saved beside its weights (:data:`ADAPTER_DEFAULTS_FILE`): its diffusion description and
+    decoding defaults, under their ``config.json`` keys; ``{}`` when it saved none."""
+    return read_json(name_or_path, ADAPTER_DEFAULTS_FILE, hub_kwargs, required=False) or {}
+
+
 def read_model_kind(name_or_path: str, **hub_kwargs: Any) -> tuple[bool, bool]:
     """``(is_block_causal, is_decoder)`` of a checkpoint, read from its config files without loading weights.
 
@@ -274,7 +280,7 @@ def read_model_kind(name_or_path: str, **hub_kwargs: Any) -> tuple[bool, bool]:
     """
     base = adapter_base_model(name_or_path, **hub_kwargs)
     if base is not None:
-        saved = read_json(name_or_path, ADAPTER_DEFAULTS_FILE, hub_kwargs, required=False) or {}
+        saved = read_adapter_defaults(name_or_path, hub_kwargs)
         base_kind = read_model_kind(base, **_base_kwargs(name_or_path, hub_kwargs))
         if saved.get(DIFFUSION_KEY):
             return saved[DIFFUSION_KEY].get("attention") == "block_causal", base_kind[1]
@@ -287,6 +293,40 @@ def read_model_kind(name_or_path: str, **hub_kwargs: Any) -> tuple[bool, bool]:
         attention = family.attention if family is not None else "bidirectional"
     is_decoder = not any(arch.endswith("ForMaskedLM") for arch in raw.get("architectures") or [])
     return attention == "block_causal", is_decoder
+
+
+def saved_decoding_defaults(
+    name_or_path: str, **hub_kwargs: Any
+) -> tuple[DiffusionGenerationConfig, int | None] | None:
+    """The decoding defaults a checkpoint loads with, as ``AutoModelForDiffusionLM.from_pretrained`` picks them,
+    and its attention block size (block-causal models; else ``None``), read from its config files alone: no
+    weights, no tokenizer (whose stop ids change no check). ``None`` when its config cannot be read (a Hub id that
+    is not in the cache, offline)."""
+    base = adapter_base_model(name_or_path, **hub_kwargs)
+    if base is not None:  # what the adapter saved (_load_adapter hands it to its base model), else the base's
+        saved = read_adapter_defaults(name_or_path, hub_kwargs)
+        found = saved_decoding_defaults(base, **_base_kwargs(name_or_path, hub_kwargs))
+        generation = DiffusionGenerationConfig.parse(saved.get(GENERATION_KEY)) or (
+            found[0] if found else None
+        )
+        diffusion = saved.get(DIFFUSION_KEY)
+        if generation is None or (not diffusion and found is None):
+            return None
+        return generation, _block_size(diffusion) if diffusion else found[1]
+    raw = read_json(name_or_path, CONFIG_FILE, hub_kwargs, required=False)
+    if raw is None:
+        return None
+    family = get_family(raw.get("model_type"))
+    if family is not None:  # a published checkpoint: its family's reference decoding, whatever it saved
+        block_size = raw.get("block_size", family.block_size) if family.attention == "block_causal" else None
+        return family.generation_config(raw), block_size
+    generation = DiffusionGenerationConfig.parse(raw.get(GENERATION_KEY)) or DiffusionGenerationConfig()
+    return generation, _block_size(raw.get(DIFFUSION_KEY) or {})
+
+
+def _block_size(diffusion: dict[str, Any]) -> int | None:
+    """The block size decoding defaults to, from a saved diffusion description (block-causal models only)."""
+    return diffusion.get("block_size") if diffusion.get("attention") == "block_causal" else None
 
 
 def check_pushable_adapter(model: Any) -> None:
@@ -343,7 +383,7 @@ def _load_adapter(
     from peft import PeftModel
 
     hub_kwargs = {k: hf_kwargs[k] for k in _HUB_KWARGS if k in hf_kwargs}
-    saved = read_json(name_or_path, ADAPTER_DEFAULTS_FILE, hub_kwargs, required=False) or {}
+    saved = read_adapter_defaults(name_or_path, hub_kwargs)
     base_kwargs = _base_kwargs(name_or_path, hf_kwargs)
     model = cls.from_pretrained(
         base,
