@@ -109,3 +109,17 @@ def test_a_shifted_logit_student_needs_a_prompt(tokenizer):
     assert text["prompt_ids"] == [ids[:1]] and text["completion_ids"] == [ids[1:]]
     plain = prepare([{"text": "abc"}], "mdlm", tokenizer)
     assert plain["prompt_ids"] == [[]] and plain["completion_ids"] == [ids]
+
+
+def test_mdlm_refuses_conversational_rows_in_one_line(tokenizer):
+    # TRL's conversational format (message lists) crashed deep inside datasets.map.
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": "hi"}],
+            "completion": [{"role": "assistant", "content": "yo"}],
+        }
+    ]
+    with pytest.raises(
+        ValueError, match=r"train dataset's 'prompt' column holds List.* \(conversational message lists"
+    ):
+        prepare(rows, "mdlm", tokenizer)

@@ -128,6 +128,14 @@ def tokenize_text(
     def with_eos(ids: list[int]) -> list[int]:
         return ids + [eos] if eos is not None and (not ids or ids[-1] != eos) else ids
 
+    for column in ("prompt", "completion", "text"):
+        feature = dataset.features.get(column)
+        if feature is not None and getattr(feature, "dtype", None) not in ("string", "large_string"):
+            raise ValueError(
+                f"loss_type='mdlm' tokenises text, but the {name} dataset's {column!r} column holds {feature} "
+                "(conversational message lists are not read): render them into prompt/completion strings with "
+                "the chat template first (recipes/prepare_sft_data.py does)"
+            )
     if {"prompt", "completion"} <= columns:
         _refuse_null_rows(dataset, _arrow_columns(dataset, ["prompt", "completion"]), name)
 
