@@ -337,3 +337,52 @@ def test_trust_remote_code_trains_a_checkpoint_that_ships_its_code(files, tmp_pa
     generate = ["generate", "--model", str(tmp_path / "o"), "--prompt", "ab", "--max_new_tokens", "4"]
     assert "--trust_remote_code" in failure(generate, capsys)
     assert main([*generate, "--trust_remote_code"]) == 0
+
+
+@pytest.mark.parametrize("flag", ["--load_in_4bit", "--load_in_8bit"])
+def test_quantized_loading_is_refused_before_anything_loads(files, tmp_path, capsys, flag):
+    # TRL's ModelConfig parses them, but nothing here loads a quantized model: it would train in full precision.
+    model_dir, data_dir = files
+    message = failure(_argv(str(model_dir), data_dir, tmp_path / "o", flag), capsys)
+    assert f"{flag}: not supported by t3d-trl train yet" in message
+    assert not (tmp_path / "o").exists()
+
+
+def test_one_lora_target_module_is_a_module_name_not_a_regex(files, tmp_path):
+    # TRL's ModelConfig makes [q_proj] the string "q_proj", which peft matches against full module names only.
+    model_dir, data_dir = files
+    peft = ("--use_peft", "--lora_r", "4", "--lora_target_modules", "q_proj")
+    assert main(_argv(str(model_dir), data_dir, tmp_path / "o", *peft)) == 0
+    saved = json.loads((tmp_path / "o" / "adapter_config.json").read_text())
+    assert saved["target_modules"] == ["q_proj"]
+
+
+def test_an_adapter_of_a_relative_base_path_loads_from_another_directory(files, tmp_path, monkeypatch):
+    from t3d_trl import AutoModelForDiffusionLM
+
+    model_dir, data_dir = files
+    monkeypatch.chdir(tmp_path)
+    assert main(_argv("model", data_dir, tmp_path / "o", "--use_peft", "--lora_r", "4")) == 0
+    saved = json.loads((tmp_path / "o" / "adapter_config.json").read_text())
+    assert saved["base_model_name_or_path"] == str(model_dir)
+    card = (tmp_path / "o" / "README.md").read_text()
+    assert str(model_dir) not in card and "base_model:" not in card  # local paths stay off the card
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    AutoModelForDiffusionLM.from_pretrained(str(tmp_path / "o"))
+
+
+def test_lora_on_an_encoder_mlm_trains_and_reloads(tokenizer, files, tmp_path):
+    # TRL's default lora_task_type CAUSAL_LM makes a PeftModelForCausalLM, which an encoder MLM cannot back.
+    from testing_utils import build_modernbert_model
+
+    from t3d_trl import AutoModelForDiffusionLM
+
+    _, data_dir = files
+    build_modernbert_model(tokenizer).save_pretrained(tmp_path / "mlm")
+    tokenizer.save_pretrained(tmp_path / "mlm")
+    peft = ("--use_peft", "--lora_r", "4", "--lora_target_modules", "Wqkv", "Wo")
+    assert main(_argv(str(tmp_path / "mlm"), data_dir, tmp_path / "o", *peft)) == 0
+    assert json.loads((tmp_path / "o" / "adapter_config.json").read_text())["task_type"] is None
+    loaded = AutoModelForDiffusionLM.from_pretrained(str(tmp_path / "o"))
+    assert type(loaded.get_base_model()).__name__.startswith("ModernBertForMaskedLM")

@@ -23,6 +23,7 @@ from testing_utils import (
     build_trajectories,
     qwen3_config,
 )
+from transformers import TrainerCallback
 
 from t3d_trl import AutoModelForDiffusionLM, DiffusionGenerationConfig
 from t3d_trl.data.schema import TrajectoryMetadata
@@ -999,3 +1000,129 @@ def test_a_resume_skips_incomplete_checkpoints_and_refuses_other_settings(
     older = trainer(max_steps=6, learning_rate=0.5)
     older.train(resume_from_checkpoint=True)
     assert older.state.global_step == 6
+
+
+@pytest.mark.parametrize("checkpointing_kwargs", [{}, {"every_n_layers": 2}])
+def test_the_lora_reference_forward_leaves_activation_checkpointing_on(
+    tokenizer, trajectories, tmp_path, checkpointing_kwargs
+):
+    """The reference forward runs without gradients: switching checkpointing off and on around it re-enabled it
+    with the raw kwargs (``every_n_layers`` failed), added a peft input-embedding hook per step and warned twice."""
+    from peft import LoraConfig
+
+    class CountHooks(TrainerCallback):
+        def __init__(self):
+            self.counts: list[int] = []
+
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            self.counts.append(len(model.get_input_embeddings()._forward_hooks))
+
+    def run(name: str, **overrides) -> tuple[T3DTrainer, CountHooks]:
+        hooks = CountHooks()
+        args = config(tmp_path / name, max_steps=3, **overrides)
+        lora = LoraConfig(r=4, target_modules=["q_proj"])
+        trainer = T3DTrainer(
+            build_bidirectional_model(tokenizer, seed=1),
+            args,
+            train_dataset=trajectories["bidirectional"],
+            peft_config=lora,
+            callbacks=[hooks],
+        )
+        trainer.train()
+        return trainer, hooks
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*gradient_checkpointing_(enable|disable).*deprecated")
+        on, hooks = run(
+            "on", activation_checkpointing=True, activation_checkpointing_kwargs=checkpointing_kwargs
+        )
+    assert len(hooks.counts) == 3 and len(set(hooks.counts)) == 1  # no hook added per step
+    off, _ = run("off")
+    assert logged(on) == pytest.approx(logged(off), rel=1e-5)  # checkpointing changes no loss
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_load_best_model_at_end_restores_the_reference_of_the_best_checkpoint(
+    tokenizer, trajectories, tmp_path, lora
+):
+    from peft import LoraConfig
+
+    data = trajectories["bidirectional"]
+    args = config(
+        tmp_path,
+        max_steps=3,
+        ref_sync_steps=2,  # the reference of the last step is not the best checkpoint's
+        per_device_train_batch_size=2,
+        eval_strategy="steps",
+        eval_steps=1,
+        save_strategy="steps",
+        save_steps=1,
+        load_best_model_at_end=True,
+        metric_for_best_model="eval_loss",
+        greater_is_better=True,  # the loss falls: the first checkpoint is the best
+    )
+    peft_config = LoraConfig(r=4, target_modules=["q_proj", "v_proj"]) if lora else None
+    trainer = T3DTrainer(
+        build_bidirectional_model(tokenizer, seed=1),
+        args,
+        train_dataset=data,
+        eval_dataset=data,
+        processing_class=tokenizer,
+        peft_config=peft_config,
+    )
+    trainer.train()
+    assert trainer.state.best_model_checkpoint.endswith("checkpoint-1")
+    assert trainer.evaluate()["eval_loss"] == pytest.approx(trainer.state.best_metric, rel=1e-6)
+    assert trainer.reference.synced_at == 0
+
+
+def test_disable_dropout_warns_when_it_zeroes_lora_dropout(tokenizer, trajectories, tmp_path, caplog):
+    from peft import LoraConfig
+
+    def dropouts(name: str, lora_dropout: float, **overrides) -> set[float]:
+        trainer = T3DTrainer(
+            build_bidirectional_model(tokenizer, seed=1),
+            config(tmp_path / name, loss_type="td", **overrides),
+            train_dataset=trajectories["bidirectional"],
+            peft_config=LoraConfig(r=4, target_modules=["q_proj"], lora_dropout=lora_dropout),
+        )
+        return {m.p for n, m in trainer.model.named_modules() if "lora_dropout" in n and hasattr(m, "p")}
+
+    with caplog.at_level(logging.WARNING, logger="t3d_trl"):
+        assert dropouts("zeroed", 0.3) == {0.0}
+    assert caplog.text.count("zeroes the adapter's lora_dropout=0.3") == 1
+    assert "disable_dropout=False" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="t3d_trl"):
+        assert dropouts("kept", 0.3, disable_dropout=False) == {0.3}
+        dropouts("none", 0.0)
+    assert "lora_dropout" not in caplog.text
+
+
+@pytest.mark.parametrize(
+    "loss_type, objective",
+    [
+        ("t3d", "by trajectory self-distillation (T3D"),
+        ("td", "by trajectory self-distillation (T3D"),
+        ("redi", "by ReDi endpoint distillation"),
+        ("dparallel", "by dParallel certainty forcing"),
+        ("mdlm", None),
+    ],
+)
+def test_model_card_describes_the_objective_the_run_trained(
+    tokenizer, trajectories, tmp_path, loss_type, objective
+):
+    data = trajectories["bidirectional"]
+    if loss_type == "mdlm":
+        data = data.select_columns(["prompt", "completion"])
+    args = config(tmp_path, loss_type=loss_type)
+    trainer = T3DTrainer(
+        build_bidirectional_model(tokenizer, seed=1), args, train_dataset=data, processing_class=tokenizer
+    )
+    trainer.create_model_card()
+    intro = (Path(args.output_dir) / "README.md").read_text().split("## Quick start")[0]
+    if objective is None:
+        assert "A masked diffusion language model" in intro and "distillation" not in intro
+    else:
+        assert objective in intro
+        assert ("decoding trajectories" in intro) == (loss_type in ("t3d", "td"))

@@ -76,6 +76,14 @@ def _load(data: TrainDataConfig, split: str, loss_type: str) -> Any:
     return load_trajectories(data.dataset_name, split=split, skip_invalid=data.skip_invalid)
 
 
+def _is_causal_lm(model: Any, name: str, hub_kwargs: dict[str, Any]) -> bool:
+    """Whether peft's ``PeftModelForCausalLM`` fits ``model``: a decoder with ``prepare_inputs_for_generation``,
+    not an encoder MLM (ModernBERT)."""
+    from ..models.auto import read_model_kind
+
+    return hasattr(model, "prepare_inputs_for_generation") and read_model_kind(name, **hub_kwargs)[1]
+
+
 def run(model_args: TrainModelConfig, data: TrainDataConfig, args: Any) -> str:
     """Train as the recipe says; returns the output directory."""
     from trl import get_peft_config
@@ -85,6 +93,9 @@ def run(model_args: TrainModelConfig, data: TrainDataConfig, args: Any) -> str:
     from ..utils import resolve_dtype
 
     name = model_args.model_name_or_path
+    # adapter_config.json names the base by this path: absolute, so the adapter loads from any directory.
+    if os.path.isdir(name):
+        name = os.path.abspath(name)
     dtype = resolve_dtype(model_args.dtype)
     hub_kwargs = {"revision": model_args.model_revision, "trust_remote_code": model_args.trust_remote_code}
     kwargs = {**hub_kwargs, "dtype": dtype}
@@ -95,6 +106,12 @@ def run(model_args: TrainModelConfig, data: TrainDataConfig, args: Any) -> str:
     peft_config = get_peft_config(model_args)
     if peft_config is not None:  # adapter_config.json records the base revision, which loading it reads
         peft_config.revision = model_args.model_revision
+        # TRL's ModelConfig turns a one-item list into its item, which peft reads as a full-name regex.
+        if isinstance(peft_config.target_modules, str) and peft_config.target_modules != "all-linear":
+            peft_config.target_modules = [peft_config.target_modules]
+        # TRL's default CAUSAL_LM wraps the model in PeftModelForCausalLM, which needs a generating decoder.
+        if peft_config.task_type == "CAUSAL_LM" and not _is_causal_lm(model, name, hub_kwargs):
+            peft_config.task_type = None
     trainer = T3DTrainer(
         model,
         args,
@@ -116,6 +133,12 @@ def check_inputs(model_args: TrainModelConfig, data: TrainDataConfig, args: Any)
     accelerate config and its backend, the model path or Hub id, the dataset and the loggers of ``report_to``."""
     from transformers.integrations import get_available_reporting_integrations
 
+    quantized = [flag for flag in ("load_in_4bit", "load_in_8bit") if getattr(model_args, flag)]
+    # TRL parses them, but nothing here loads a quantized model: it would train in full precision.
+    if quantized:
+        raise ValueError(
+            f"--{quantized[0]}: not supported by t3d-trl train yet: it would train in full precision; drop it"
+        )
     missing = sorted(set(args.report_to or []) - {"all", "none", *get_available_reporting_integrations()})
     if missing:
         raise ValueError(

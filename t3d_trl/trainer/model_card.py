@@ -47,6 +47,21 @@ CARD_SETTINGS = (
 _NOT_MODEL_SETTINGS = ("overwrite_output_dir", "dataset_num_proc")
 
 
+#: How a card describes the training objective, by ``loss_type`` (docs/trainer.md's words); ``mdlm`` distils nothing.
+#: ``{paper}`` is the T3D paper's title: only the trajectory objectives are its method.
+OBJECTIVES = {
+    **dict.fromkeys(
+        ("t3d", "ddo", "td"),
+        'trajectory self-distillation (T3D, "{paper}"): the student learns from its teacher\'s own decoding '
+        "trajectories",
+    ),
+    "redi": "ReDi endpoint distillation: the student learns from its teacher's outputs under random masking",
+    "dparallel": (
+        "dParallel certainty forcing: the student learns from its teacher's outputs under semi-autoregressive masking"
+    ),
+}
+
+
 def _default(field: dataclasses.Field) -> Any:
     if field.default_factory is not dataclasses.MISSING:
         return field.default_factory()
@@ -127,6 +142,9 @@ def write_model_card(
         adapter=adapter,
         chat_template=chat_template,
         distilled=args.loss_type != "mdlm",
+        objective=OBJECTIVES[args.loss_type].format(paper=paper["title"])
+        if args.loss_type in OBJECTIVES
+        else None,
         generation=generation,
         steps_per_block=generation.block_length // generation.tokens_per_step
         if generation.block_length and generation.tokens_per_step
@@ -135,6 +153,5 @@ def write_model_card(
         teacher=metadata.teacher if metadata else None,
         trajectory=metadata.to_dict() if metadata else None,
         citation=paper["citation"],
-        paper_title=paper["title"],
     )
     card.save(os.path.join(output_dir, "README.md"))

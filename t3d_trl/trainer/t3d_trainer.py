@@ -6,6 +6,7 @@ import logging
 import math
 import os
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,6 @@ import torch
 from accelerate.utils import is_peft_model
 from transformers import PreTrainedTokenizerBase, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
-from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.base_trainer import _BaseTrainer
 from trl.trainer.utils import disable_dropout_in_model, get_config_model_id, use_adapter
 
@@ -195,6 +195,16 @@ class T3DTrainer(DataMixin, MetricsMixin, _BaseTrainer):
         if is_peft_model(model) and args.gradient_checkpointing:
             model.enable_input_require_grads()
         if args.disable_dropout:
+            lora_dropout = max(
+                (getattr(c, "lora_dropout", 0) or 0 for c in getattr(model, "peft_config", {}).values()),
+                default=0,
+            )
+            if lora_dropout > 0:  # zeroed below, while adapter_config.json still records it
+                logger.warning(
+                    "disable_dropout=True zeroes the adapter's lora_dropout=%s (adapter_config.json still records "
+                    "it): set disable_dropout=False to keep it",
+                    lora_dropout,
+                )
             disable_dropout_in_model(model)
         return model
 
@@ -264,11 +274,14 @@ class T3DTrainer(DataMixin, MetricsMixin, _BaseTrainer):
     def _reference_logits(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         if self._ref_adapter:
             student = self.accelerator.unwrap_model(self.model)
-            with (
-                without_checkpointing_deprecation(),  # TRL's helper reads a deprecated transformers attribute
-                use_adapter(student, REF_ADAPTER),
-                disable_gradient_checkpointing(student, self.args.gradient_checkpointing_kwargs),
-            ):
+            # Activation checkpointing stays on: under no_grad it saves nothing and gives the same logits.
+            # Switching it off and on (TRL's disable_gradient_checkpointing) re-enabled it with the raw kwargs,
+            # which fails on keys transformers pops, and added an input-embedding hook to a PeftModel each time.
+            with use_adapter(student, REF_ADAPTER), warnings.catch_warnings():
+                # Reentrant checkpointing warns that no input requires grad: true and harmless under no_grad.
+                warnings.filterwarnings(
+                    "ignore", message="None of the inputs have requires_grad", category=UserWarning
+                )
                 return self._logits(student, inputs)
         return self._logits(self.ref_model, inputs)
 
@@ -492,6 +505,12 @@ class T3DTrainer(DataMixin, MetricsMixin, _BaseTrainer):
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is not None and self._needs_reference:
             self.reference.load(checkpoint)
+
+    def _load_best_model(self) -> None:
+        # transformers restores the student only: the reference of the same checkpoint goes with it.
+        super()._load_best_model()
+        if self._needs_reference:
+            self.reference.load(self.state.best_model_checkpoint)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         super().save_model(output_dir, _internal_call)
