@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import importlib.machinery
 import json
 import logging
@@ -740,15 +741,17 @@ def test_zero3_reference_refresh_gathers_both_models_and_copies_on_rank_0(
     assert not (folder / REFERENCE_FILE).exists() and "not saved" in caplog.text
 
 
+def saving_every_step(tokenizer, dataset, tmp_path, **overrides) -> T3DTrainer:
+    """A trainer of the same student on ``dataset`` that saves a checkpoint every step into ``tmp_path/out``."""
+    args = config(tmp_path, save_strategy="steps", save_steps=1, **overrides)
+    return T3DTrainer(build_bidirectional_model(tokenizer, seed=1), args, train_dataset=dataset)
+
+
 def test_reruns_into_a_folder_with_checkpoints_resume_or_refuse(
     tokenizer, trajectories, tmp_path, monkeypatch
 ):
-    dataset = trajectories["bidirectional"]
     out = tmp_path / "out"
-
-    def trainer(**overrides) -> T3DTrainer:
-        args = config(tmp_path, save_strategy="steps", save_steps=1, **overrides)
-        return T3DTrainer(build_bidirectional_model(tokenizer, seed=1), args, train_dataset=dataset)
+    trainer = functools.partial(saving_every_step, tokenizer, trajectories["bidirectional"], tmp_path)
 
     trainer(max_steps=2).train()
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
@@ -947,12 +950,8 @@ def test_an_adapter_of_a_local_base_model_is_not_pushed(tokenizer, trajectories,
 def test_a_resume_skips_incomplete_checkpoints_and_refuses_other_settings(
     tokenizer, trajectories, tmp_path, monkeypatch, caplog
 ):
-    dataset = trajectories["bidirectional"]
     out = tmp_path / "out"
-
-    def trainer(**overrides) -> T3DTrainer:
-        args = config(tmp_path, save_strategy="steps", save_steps=1, **overrides)
-        return T3DTrainer(build_bidirectional_model(tokenizer, seed=1), args, train_dataset=dataset)
+    trainer = functools.partial(saving_every_step, tokenizer, trajectories["bidirectional"], tmp_path)
 
     trainer(max_steps=4).train()
     settings = json.loads((out / "checkpoint-4" / "t3d_settings.json").read_text())
