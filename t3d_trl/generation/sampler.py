@@ -371,12 +371,10 @@ def denoise_step(
             1, cols, score
         )
     row_active = masked.any(-1)
-    if (
-        config.threshold is None
-    ):  # a row with nothing scheduled now would skip this step alone: not its forward
-        row_active &= quota > 0
-    state.nfe += row_active.long()
     if config.threshold is None:
+        row_active &= (
+            quota > 0
+        )  # a row with nothing scheduled now would skip this step alone: not its forward
         commit = select_static(score, masked, quota)
         step_ids = torch.full_like(state.nfe, step_id)
     else:
@@ -384,6 +382,7 @@ def denoise_step(
         commit = select_dynamic(score, masked, config.threshold, topup)
         state.dynamic_count += row_active.long()
         step_ids = state.dynamic_count
+    state.nfe += row_active.long()
     block[commit] = x0[commit]
     state.decode_step[:, start:end][commit] = step_ids.unsqueeze(1).expand_as(commit)[commit]
     return commit, step_ids

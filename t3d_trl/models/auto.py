@@ -39,14 +39,14 @@ _PEFT_KWARGS = ("is_trainable", "adapter_name", "autocast_adapter_dtype", "ephem
 ADAPTER_CONFIG_FILE = "adapter_config.json"  # peft's
 #: An adapter folder has no ``config.json``: the trained decoding defaults and diffusion description go here.
 ADAPTER_DEFAULTS_FILE = "diffusion_config.json"
-# The weights files transformers looks for in a model folder, in its order, and peft in an adapter folder.
-_MODEL_WEIGHTS = (
+#: The weights files transformers looks for in a model folder, in its order, and peft in an adapter folder.
+MODEL_WEIGHTS_FILES = (
     "model.safetensors",
     "model.safetensors.index.json",
     "pytorch_model.bin",
     "pytorch_model.bin.index.json",
 )
-_ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
+ADAPTER_WEIGHTS_FILES = ("adapter_model.safetensors", "adapter_model.bin")
 # Keyword arguments of ``from_pretrained`` that load other weights than those: left to transformers to check.
 _OTHER_WEIGHTS_KWARGS = ("variant", "use_safetensors", "gguf_file", "state_dict")
 
@@ -180,7 +180,7 @@ def check_weights(folder: str, adapter: bool = False) -> None:
         FileNotFoundError: no weights file, or a shard its index lists is missing.
         ValueError: a weights file (or index) is damaged.
     """
-    names = _ADAPTER_WEIGHTS if adapter else _MODEL_WEIGHTS
+    names = ADAPTER_WEIGHTS_FILES if adapter else MODEL_WEIGHTS_FILES
     if not adapter:  # a config may name its own weights file (transformers' ``transformers_weights``)
         try:
             with open(os.path.join(folder, CONFIG_FILE), encoding="utf-8") as f:

@@ -34,26 +34,22 @@ from transformers.trainer import (
 )
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import (
-    ADAPTER_SAFE_WEIGHTS_NAME,
-    ADAPTER_WEIGHTS_NAME,
     CONFIG_NAME,
 )
 
-from ..models.auto import ADAPTER_CONFIG_FILE, check_weights, file_problem
+from ..models.auto import (
+    ADAPTER_CONFIG_FILE,
+    ADAPTER_WEIGHTS_FILES,
+    MODEL_WEIGHTS_FILES,
+    check_weights,
+    file_problem,
+)
 
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_PATTERN = re.compile(rf"{PREFIX_CHECKPOINT_DIR}-\d+")
 #: The files of a finished model (``save_model``/``save_pretrained``): full weights, sharded weights, an adapter.
-MODEL_FILES = (
-    "model.safetensors",
-    "model.safetensors.index.json",
-    "pytorch_model.bin",
-    "pytorch_model.bin.index.json",
-    "adapter_model.safetensors",
-    "adapter_model.bin",
-    "adapter_config.json",
-)
+MODEL_FILES = (*MODEL_WEIGHTS_FILES, *ADAPTER_WEIGHTS_FILES, ADAPTER_CONFIG_FILE)
 #: The run's settings a checkpoint records and a resume must match (:func:`run_settings`).
 SETTINGS_FILE = "t3d_settings.json"
 #: What a resumed run must keep: the objective, the training states (and the data they come from), and the
@@ -119,12 +115,12 @@ def finished_model_files(output_dir: str | os.PathLike) -> list[Path]:
     return [p for p in named if p.is_file()] + shards
 
 
-def _weights_problem(folder: Path, subfolders: list[Path]) -> str | None:
-    """Why ``folder`` holds no weights to resume with, as transformers looks for them; ``None`` when it does."""
-    deepspeed = any(p.name.startswith("global_step") for p in subfolders)
+def _weights_problem(folder: Path, subfolders: list[Path], deepspeed: bool) -> str | None:
+    """Why ``folder`` holds no weights to resume with, as transformers looks for them; ``None`` when it does
+    (``deepspeed``: DeepSpeed's own ``global_step*`` folder holds them)."""
     fsdp = (folder / f"{FSDP_MODEL_NAME}.bin").is_file() or any(FSDP_MODEL_NAME in p.name for p in subfolders)
     adapters = any(  # several adapters: one subfolder each
-        (p / name).is_file() for p in subfolders for name in (ADAPTER_SAFE_WEIGHTS_NAME, ADAPTER_WEIGHTS_NAME)
+        (p / name).is_file() for p in subfolders for name in ADAPTER_WEIGHTS_FILES
     )
     if deepspeed or fsdp or adapters:
         return None
@@ -135,13 +131,13 @@ def _weights_problem(folder: Path, subfolders: list[Path]) -> str | None:
     return None
 
 
-def _optimizer_problem(folder: Path, subfolders: list[Path]) -> str | None:
+def _optimizer_problem(folder: Path, subfolders: list[Path], deepspeed: bool) -> str | None:
     """Why ``folder`` holds no optimizer or scheduler state to resume with; ``None`` when it does.
 
     transformers loads neither unless both are there (``Trainer._load_optimizer_and_scheduler``), and would then
     restart the optimizer and the learning-rate schedule without a word.
     """
-    if any(p.name.startswith("global_step") for p in subfolders):
+    if deepspeed:
         return None  # DeepSpeed's own folder holds both (and scheduler.pt, for a scheduler of ours)
     # optimizer.pt, or FSDP's optimizer.bin (full state) or optimizer_0/ (sharded), as transformers finds them.
     optimizer = any((folder / name).is_file() for name in (OPTIMIZER_NAME, OPTIMIZER_NAME_BIN)) or any(
@@ -171,7 +167,10 @@ def checkpoint_problem(checkpoint: str | os.PathLike) -> str | None:
     if not (folder / TRAINER_STATE_NAME).is_file():
         return f"{folder} has no {TRAINER_STATE_NAME} (interrupted while saved?)"
     subfolders = [p for p in folder.iterdir() if p.is_dir()]
-    problem = _weights_problem(folder, subfolders) or _optimizer_problem(folder, subfolders)
+    deepspeed = any(p.name.startswith("global_step") for p in subfolders)
+    problem = _weights_problem(folder, subfolders, deepspeed) or _optimizer_problem(
+        folder, subfolders, deepspeed
+    )
     if problem is not None:
         return problem
     loaded = [folder / name for name in RESUME_JSON_FILES if (folder / name).is_file()]
