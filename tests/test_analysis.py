@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -250,6 +251,12 @@ def test_mismatched_model_and_trajectories_raise(coupled_model):
         )
     with pytest.raises(ValueError, match="num_samples must be positive"):
         TotalCorrelationConfig(num_samples=0)
+    # One state's draws share a pass, so a smaller batch would be exceeded, not honoured.
+    with pytest.raises(ValueError, match=r"batch_size \(16\) must be at least num_samples \(64\)"):
+        TotalCorrelationConfig(num_samples=64, batch_size=16)
+    # Trajectories of another vocabulary: refused, not scored (or indexed out of range).
+    with pytest.raises(ValueError, match="a vocabulary of 7 .* but the model has"):
+        total_correlation(coupled_model, [ROW], dataclasses.replace(metadata(), vocab_size=7), progress=False)
 
 
 # ------------------------------------------------------------------------------------------------ the CLI

@@ -219,6 +219,22 @@ def test_other_bad_input(tmp_path):
         convert_checkpoint(src, tmp_path / "dst")
 
 
+def test_a_failed_conversion_leaves_nothing_and_the_rerun_works(tmp_path):
+    # The tokenizer files are copied last; a bad one used to fail after the weights and config were written,
+    # leaving a folder that looked converted and refused the rerun as "not empty".
+    src, *_ = build_published(tmp_path / "src", "dream")
+    good = (src / "tokenizer_config.json").read_text()
+    (src / "tokenizer_config.json").write_text(good[: len(good) // 2])
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    with pytest.raises(ValueError, match="tokenizer_config.json is not valid JSON"):
+        convert_checkpoint(src, dst)
+    assert list(dst.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["dst", "src"]
+    (src / "tokenizer_config.json").write_text(good)
+    assert (convert_checkpoint(src, dst) / "config.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dst", "src"]
+
+
 def test_tokenizer_code_is_copied(tmp_path):
     src, *_ = build_published(tmp_path / "src", "dream")
     (src / "tokenization_dream.py").write_text(

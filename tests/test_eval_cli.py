@@ -124,6 +124,14 @@ def test_eval_config_parsing(tmp_path, capsys):
         EvalConfig(models=["m"], data_files=["gsm8k.jsonl"]).data_file_paths()
     with pytest.raises(ValueError, match="'m' appears twice"):
         EvalConfig(models=["m=a", "m=b"]).model_paths()
+    # A folder named like a sweep's (`lr=1e-4`) is a path, not NAME=PATH, whether it exists yet or not.
+    (tmp_path / "lr=1e-4" / "run").mkdir(parents=True)
+    sweep = EvalConfig(models=["runs/lr=1e-4/run", str(tmp_path / "lr=1e-4"), "named=runs/lr=1e-4/run"])
+    assert sweep.model_paths() == {
+        "run": "runs/lr=1e-4/run",
+        "lr=1e-4": str(tmp_path / "lr=1e-4"),
+        "named": "runs/lr=1e-4/run",
+    }
     with pytest.raises(ValueError, match="at least one model"):
         EvalConfig()
     recipe = tmp_path / "bad.yaml"

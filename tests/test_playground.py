@@ -154,6 +154,17 @@ def test_quickstart_models_and_columns(tmp_path):
     models = default_models(tmp_path)
     assert models["teacher"] == SORT2 and models["t3d"] == str(tmp_path / "t3d") and "td" not in models
     assert [c.model for c in default_columns(list(models))] == ["teacher", "t3d", "teacher"]
+    # A teacher that has moved is not replaced by the packaged one (the students were not distilled from it),
+    # unless the run recorded the packaged teacher of another install.
+    for recorded, shown in (
+        ("/gone/models/bi", "/gone/models/bi"),
+        ("/old/venv/t3d_trl/demo/teachers/sort2", SORT2),
+    ):
+        (tmp_path / "results.json").write_text(json.dumps({**results, "teacher": recorded}))
+        assert default_models(tmp_path)["teacher"] == str(shown)
+    (tmp_path / "results.json").write_text(json.dumps({**results, "teacher": "/gone/models/bi"}))
+    with pytest.raises(FileNotFoundError, match="model '/gone/models/bi': no such folder"):
+        build_app(None, ["teacher"], quickstart_dir=tmp_path)
     # A student is shown whatever named the models (--models, a Space's variables), not only a quickstart run.
     assert [c.model for c in default_columns(["teacher", "td", "sort2"])] == ["teacher", "td", "teacher"]
     assert [c.model for c in default_columns(["sort2", "wordset"])] == ["sort2", "sort2", "sort2"]
@@ -166,6 +177,11 @@ def test_build_app_refuses_columns_the_page_cannot_run():
         build_app({"sort2": SORT2}, ["sort2", "sort2", "sort:threshold=0.9"], allow_paths=False)
     with pytest.raises(ValueError, match="block_length=8 is not a multiple of tokens_per_step=3"):
         build_app({"sort2": SORT2}, [ColumnSpec("sort2", tokens_per_step=3)])
+    # A budget past the model's positions would fail at every Run, whatever the prompt.
+    with pytest.raises(
+        ValueError, match=r"column 1, .*max_new_tokens=80 leaves no room for a prompt: .* 64 pos"
+    ):
+        build_app({"sort2": SORT2}, ["sort2:max_new_tokens=80"])
 
 
 def test_playground_command_binds_locally_and_checks_models_first(monkeypatch, capsys):
@@ -229,6 +245,17 @@ def test_replay_tab_animates_a_stored_trajectory(tmp_path, tokenizer):
         assert f'data-step="{steps.index(step) + 1}"' in frames[-1].split('class="t3d-tok"')[position + 1]
     assert "out of range: the dataset has 2 rows" in next(replay_page(str(tmp_path / "traj"), 5, "", 0))
     assert "t3d-error" in next(replay_page(str(tmp_path / "nope"), 0, "", 0))
+    # A closed page (a Space) replays its own dataset only, whatever a request names, and without one it has
+    # no replay tab.
+    from t3d_trl.playground import build_app
+
+    closed = build_app({"sort2": SORT2}, ["sort2"], trajectories=str(tmp_path / "traj"), allow_paths=False)
+    (handler,) = [f.fn for f in closed.fns.values() if f.fn.__name__ == "on_replay"]
+    typed = ("someone/any-dataset", 1, "someone/any-tokenizer", 0)
+    own = list(replay_page(str(tmp_path / "traj"), 1, "", 0))  # the dataset's teacher's tokenizer
+    assert list(handler(*typed)) == own != list(replay_page(*typed))
+    bare = build_app({"sort2": SORT2}, ["sort2"], allow_paths=False)
+    assert not [f for f in bare.fns.values() if f.fn.__name__ == "on_replay"]
 
 
 # ------------------------------------------------------------------------------------------------ browser

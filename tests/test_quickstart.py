@@ -72,6 +72,16 @@ def test_quickstart_rejects_unknown_methods_and_budgets_before_any_work():
         QuickstartConfig(teacher="my-teacher", train_teacher=True)
 
 
+def test_a_teacher_given_by_a_relative_path_is_recorded_absolute(tmp_path, monkeypatch):
+    # results.json names the teacher for the playground and readers, who run from other folders.
+    from t3d_trl.demo import get_task
+    from t3d_trl.demo.quickstart import PACKAGED_TEACHERS, load_teacher
+
+    monkeypatch.chdir(PACKAGED_TEACHERS)
+    _, recorded = load_teacher(get_task("sort2"), QuickstartConfig(teacher="sort2"), tmp_path)
+    assert recorded == str(PACKAGED_TEACHERS.resolve() / "sort2")
+
+
 def test_collect_samples_trajectories_at_the_configured_temperature(tmp_path):
     """``trajectory_temperature`` reaches the teacher's decoding: sampled trajectories are reproducible for a seed,
     differ from the greedy ones, and the dataset and its collection manifest record the temperature."""

@@ -79,6 +79,15 @@ def test_missing_cells_and_empty_results(results):
     assert rows["t3d"][4] == "60.00"  # the mean of the cells present
     # Gain over the cells both models have (MATH500: 60 against 40), not 60 against the original's 50.
     assert rows["t3d"][5] == "+50.00"
+    # A section without the baseline (the first model) says so, rather than measuring against the next model.
+    others = [
+        e for e in results if e["model"] != "original" or e["setting"]["label"] != "block4-threshold0.9"
+    ]
+    others.append(entry("dparallel", "GSM8K", 4, threshold=0.9, accuracy=0.55))
+    table = accuracy_table(others)
+    dynamic = rows_of(table, "Dynamic decoding, threshold 0.9")
+    assert dynamic["t3d"][-1] == dynamic["dparallel"][-1] == "-"
+    assert "No Gain: the baseline, original, has no run here." in table.split("threshold 0.9")[1]
     with pytest.raises(ValueError, match="no results"):
         accuracy_table([])
 

@@ -165,3 +165,41 @@ def test_rerun_with_another_code_extraction_rule_evaluates_again(
     assert entry["run_key"]["code_extraction"] == "last_block"
     with pytest.raises(ValueError, match="code_extraction must be one of"):
         grid("lastblock")
+
+
+def test_a_rerun_with_a_new_first_model_makes_it_the_baseline(saved_model, benchmark_files, tmp_path):
+    # `--models` names the Gain column's baseline first; a model added in front by a rerun into the same folder
+    # becomes it, though the other model's results were on disk first.
+    _, path = saved_model
+    output = tmp_path / "eval"
+    grid = {"block_lengths": [4], "tokens_per_step": [4], "generation_kwargs": {"max_new_tokens": 4}}
+    common = {"data_files": {"gsm8k": benchmark_files["gsm8k"]}, "output_dir": output, "progress": False}
+    runner.run_grid({"t3d": str(path)}, ["gsm8k"], device="cpu", **grid, **common)
+    merged = runner.run_grid(
+        {"original": str(path), "t3d": str(path)}, ["gsm8k"], device="cpu", **grid, **common
+    )
+    assert list(merged.settings["models"]) == ["original", "t3d"]
+    assert [e["model"] for e in merged.results] == ["original", "t3d"]
+    written = json.loads((output / "results.json").read_text())
+    assert [e["model"] for e in written["results"]] == ["original", "t3d"]
+    table = (output / "table.md").read_text()
+    assert table.index("| original |") < table.index("| t3d |")
+    assert "| original | " in table and table.split("| original |")[1].split("\n")[0].rstrip().endswith(
+        "| - |"
+    )
+
+
+def test_merged_model_order():
+    # This grid's models take the place of the first of them among the earlier ones; the others keep theirs.
+    def order(old, new):
+        def grid(names):
+            return GridResult(
+                {"models": dict.fromkeys(names, "p"), "benchmarks": [], "decoding": [], "data_files": {}}, []
+            )
+
+        return list(results_module.merge_settings(grid(old), grid(new)).settings["models"])
+
+    assert order(["t3d"], ["original", "t3d"]) == ["original", "t3d"]
+    assert order(["a", "b"], ["b"]) == order(["a", "b"], ["a"]) == ["a", "b"]
+    assert order(["a", "b"], ["c"]) == ["a", "b", "c"]
+    assert order(["a", "x", "b"], ["b", "a"]) == ["b", "a", "x"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import threading
 
 import pytest
@@ -146,6 +147,62 @@ def test_iterator_streamer_ends_when_generation_fails(tokenizer):
     assert errors == ["max_new_tokens=10 is not a multiple of block_length=4"]
 
 
+def test_transformers_streamers_and_other_objects_are_refused(tokenizer):
+    from transformers import TextStreamer
+
+    model = build_bidirectional_model(tokenizer)
+    prompt = tokenizer(["hi"], return_tensors="pt").input_ids
+    for streamer in (TextStreamer(tokenizer), object()):
+        with pytest.raises(
+            TypeError, match="streamer must be a DiffusionStreamer .* got (TextStreamer|object)"
+        ):
+            model.diffusion_generate(prompt, max_new_tokens=4, block_length=4, streamer=streamer)
+
+
+def test_one_streamer_sees_every_batch_of_a_job_and_ends_once(tokenizer, monkeypatch):
+    # generate_completions decodes in batches; the streamer sees them all, then ends once (a consumer iterating
+    # over it used to stop after the first batch), and its own time is not decoding time.
+    import time
+
+    from t3d_trl.evaluation.runner import generate_completions
+
+    clock = {"offset": 0.0}
+    real = time.perf_counter
+    monkeypatch.setattr(time, "perf_counter", lambda: real() + clock["offset"])
+
+    class Slow(Recorder):
+        def put(self, step):
+            clock["offset"] += 1000.0  # a streamer that takes 1000 s a step (drawing, a full queue)
+            super().put(step)
+
+    model = build_bidirectional_model(tokenizer)
+    config = {"max_new_tokens": 8, "block_length": 4, "tokens_per_step": 1}
+    messages = ["abc", "hello", "hi"]
+    streamer = Slow()
+    out = generate_completions(
+        model,
+        tokenizer,
+        messages,
+        config,
+        use_chat_template=False,
+        batch_size=1,
+        progress=False,
+        streamer=streamer,
+    )
+    assert len(streamer.steps) == sum(out.nfe) > 8 and streamer.ended == 1
+    assert out.seconds < 1000  # the streamer's time is left out of the decoding time
+    iterator = DiffusionIteratorStreamer(timeout=60)
+    thread = threading.Thread(
+        target=generate_completions,
+        args=(model, tokenizer, messages, config),
+        kwargs={"use_chat_template": False, "batch_size": 1, "progress": False, "streamer": iterator},
+    )
+    thread.start()
+    assert len(list(iterator)) == sum(out.nfe)
+    thread.join()
+    assert iterator.queue.empty()
+
+
 def test_token_pieces_separator_follows_the_tokenizer(tokenizer):
     from transformers import AutoTokenizer
 
@@ -220,6 +277,28 @@ def test_terminal_streamer_redraws_in_place_with_the_new_tokens_highlighted(toke
     assert second.count("\x1b[1;7m") == 4 and MASK_GLYPH not in second
     streamer.end()
     assert stream.getvalue().endswith("\n")
+
+
+def test_terminal_streamer_measures_the_terminal_it_draws_on(tokenizer, monkeypatch):
+    # `generate --show_steps > answer.txt`: standard output is a file, the canvas goes to a terminal of its own
+    # width; moving up by standard output's width would erase earlier output or leave stale canvases.
+    import fcntl
+    import struct
+    import termios
+
+    monkeypatch.setenv("COLUMNS", "5")  # what standard output (not a terminal here) reports
+    steps, _ = _steps(tokenizer, tokens_per_step=4)
+    leader, follower = os.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 200, 0, 0))
+    with os.fdopen(follower, "w") as terminal:
+        streamer = TerminalStreamer(tokenizer, stream=terminal, redraw=True, color=False)
+        written = []
+        monkeypatch.setattr(terminal, "write", written.append, raising=False)
+        for step in steps[:2]:
+            streamer.put(step)
+    os.close(leader)
+    assert len(streamer.render(steps[0]).split("\n")[0]) > 5  # wraps at 5 columns, not at 200
+    assert written[1].startswith("\x1b[1A\r")  # one canvas row and the status row: back up one
 
 
 def test_generate_show_steps_draws_every_pass_then_the_totals(capsys):

@@ -37,7 +37,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..data.preparation import check_trajectory_metadata
 from ..data.schema import TrajectoryMetadata
+from ..diffusion.forward import checked_vocab_size
 from ..generation.sampler import BlockRunner, Canvas, layout_canvas
 from ..models.forward import unwrap_model
 
@@ -50,7 +52,8 @@ class TotalCorrelationConfig:
         num_samples: draws from the joint per state (``K``).
         max_states: analyse at most this many states ``x_t``. States come a whole block at a time (every ``t``
             of a block), blocks drawn at random (seeded) from all complete blocks of all rows; ``None``: all.
-        batch_size: sequences per forward pass (draws x states).
+        batch_size: sequences per forward pass (draws x states); at least ``num_samples``, as one state's draws
+            share a pass.
         seed: seeds the choice of blocks and the draws.
     """
 
@@ -65,6 +68,11 @@ class TotalCorrelationConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.max_states is not None and self.max_states < 1:
             raise ValueError(f"max_states must be positive or None, got {self.max_states}")
+        if self.batch_size < self.num_samples:  # one state's draws share a pass
+            raise ValueError(
+                f"batch_size ({self.batch_size}) must be at least num_samples ({self.num_samples}): one state's "
+                "draws go through one forward pass"
+            )
 
 
 @dataclass
@@ -310,13 +318,16 @@ def _run_chains(
 
 
 def check_model_matches(model: Any, metadata: TrajectoryMetadata) -> None:
-    """Refuse a model whose attention or mask token differs from those the trajectories were decoded with."""
-    diffusion = unwrap_model(model).diffusion_config
-    if diffusion.attention != metadata.attention or diffusion.mask_token_id != metadata.mask_token_id:
+    """Refuse a model whose attention, vocabulary or mask token differs from those the trajectories were decoded
+    with: its estimates would score another tokenizer's ids."""
+    inner = unwrap_model(model)
+    diffusion = inner.diffusion_config
+    if diffusion.attention != metadata.attention:
         raise ValueError(
-            f"the model (attention={diffusion.attention!r}, mask_token_id={diffusion.mask_token_id}) does not match "
-            f"the trajectories (attention={metadata.attention!r}, mask_token_id={metadata.mask_token_id})"
+            f"the model (attention={diffusion.attention!r}) does not match the trajectories "
+            f"(attention={metadata.attention!r})"
         )
+    check_trajectory_metadata(metadata, diffusion, checked_vocab_size(inner, diffusion))
 
 
 @torch.no_grad()

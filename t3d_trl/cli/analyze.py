@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .parsing import ArgumentParser
+from .parsing import ArgumentParser, named_paths
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -76,20 +76,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _named(specs: list[str]) -> dict[str, str]:
-    models: dict[str, str] = {}
-    for spec in specs:
-        name, sep, path = spec.partition("=")
-        if not sep:
-            name, path = Path(spec.rstrip("/")).name or spec, spec
-        if not name or not path:
-            raise ValueError(f"--model {spec!r}: expected PATH or NAME=PATH")
-        if name in models:
-            raise ValueError(f"two models are named {name!r}: name them with NAME=PATH")
-        models[name] = path
-    return models
-
-
 def main(argv: list[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -99,7 +85,7 @@ def main(argv: list[str]) -> int:
             raise ValueError(f"--{name} must be positive, got {getattr(args, name)}")
     from ..demo import get_task
 
-    models = _named(args.model)
+    models = named_paths(args.model, "--model")
     task = get_task(args.task) if args.task else None
 
     from ..analysis import TotalCorrelationConfig, total_correlation

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ..utils import launched_processes
 from .decoding import optional_decoding_fields
-from .parsing import parse_recipe
+from .parsing import named_paths, parse_recipe
 
 _DESCRIPTION = (
     "Evaluate models side by side over benchmarks and decoding budgets (block lengths x tokens per step, "
@@ -125,31 +125,15 @@ class EvalConfig(EvalDecodingConfig):
 
     def model_paths(self) -> dict[str, str]:
         """Display name -> path; a bare path is named after its last component."""
-        return _pairs(self.models, "models", default_name=lambda path: Path(path.rstrip("/")).name or path)
+        return named_paths(self.models, "models")
 
     def data_file_paths(self) -> dict[str, str]:
-        return _pairs(self.data_files, "data_files")
+        return named_paths(self.data_files, "data_files", bare=False)
 
     def generation_kwargs(self) -> dict[str, object]:
         """The decoding fields set (not ``None``), applied over each model's saved settings."""
         values = {f.name: getattr(self, f.name) for f in fields(EvalDecodingConfig)}
         return {key: value for key, value in values.items() if value is not None}
-
-
-def _pairs(items: list[str], what: str, default_name=None) -> dict[str, str]:
-    pairs: dict[str, str] = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not sep:
-            if default_name is None:
-                raise ValueError(f"{what} entries must read NAME=PATH, got {item!r}")
-            name, value = default_name(item), item
-        if not name or not value:
-            raise ValueError(f"{what} entries must read NAME=PATH, got {item!r}")
-        if name in pairs:
-            raise ValueError(f"{what}: the name {name!r} appears twice")
-        pairs[name] = value
-    return pairs
 
 
 def import_benchmark_module(name: str) -> None:

@@ -8,6 +8,7 @@ import inspect
 import re
 from collections.abc import Sequence
 from dataclasses import fields
+from pathlib import Path
 from typing import Any
 
 # ``--max-new-tokens`` is read as ``--max_new_tokens``: every command's flags are snake_case, kebab is accepted.
@@ -24,6 +25,24 @@ def did_you_mean(name: str, candidates: Sequence[str]) -> str:
     """``"; did you mean X?"`` for the closest of ``candidates`` (difflib), or ``""``."""
     match = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
     return f"; did you mean {match[0]}?" if match else ""
+
+
+def named_paths(items: Sequence[str], what: str, bare: bool = True) -> dict[str, str]:
+    """``NAME=PATH`` entries as a dict. With ``bare``, an entry that is a path (an existing one, or one whose part
+    before the first ``=`` holds a ``/``, as ``runs/lr=1e-4/model`` does) is named after its last component."""
+    pairs: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if bare and (not sep or "/" in name or Path(item).exists()):
+            name, value = Path(item.rstrip("/")).name or item, item
+        elif not sep:
+            raise ValueError(f"{what} entries must read NAME=PATH, got {item!r}")
+        if not name or not value:
+            raise ValueError(f"{what} entries must read {'PATH or ' if bare else ''}NAME=PATH, got {item!r}")
+        if name in pairs:
+            raise ValueError(f"{what}: the name {name!r} appears twice; name them with NAME=PATH")
+        pairs[name] = value
+    return pairs
 
 
 def _long_flags(parser: argparse.ArgumentParser) -> list[str]:

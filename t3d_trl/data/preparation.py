@@ -62,17 +62,17 @@ def resolve_block_length(
 def check_trajectory_metadata(
     metadata: TrajectoryMetadata | None, diffusion: DiffusionConfig, vocab_size: int
 ) -> None:
-    """Refuse trajectories made with another tokenizer than the student's (vocabulary or mask token)."""
+    """Refuse trajectories made with another tokenizer than the model's (vocabulary or mask token)."""
     if metadata is None:
         return
     if metadata.vocab_size is not None and metadata.vocab_size != vocab_size:
         raise ValueError(
             f"the trajectories come from a model with a vocabulary of {metadata.vocab_size} (teacher "
-            f"{metadata.teacher!r}) but the student has {vocab_size}: they were made with another tokenizer"
+            f"{metadata.teacher!r}) but the model has {vocab_size}: they were made with another tokenizer"
         )
     if metadata.mask_token_id != diffusion.mask_token_id:
         raise ValueError(
-            f"the trajectories use mask token id {metadata.mask_token_id} but the student uses "
+            f"the trajectories use mask token id {metadata.mask_token_id} but the model uses "
             f"{diffusion.mask_token_id}: they were made with another tokenizer"
         )
 

@@ -225,7 +225,8 @@ def load_teacher(task: DemoTask, config: QuickstartConfig, output: Path) -> tupl
             raise FileNotFoundError(f"no teacher checkpoint at {path} (config.json missing)")
         logger.warning("no packaged teacher for %s: training one (%d steps)", task.name, config.teacher_steps)
         return train_teacher(task, config, output / "teacher"), "trained here"
-    return AutoModelForDiffusionLM.from_pretrained(path).eval(), str(path)
+    # Recorded absolute: the playground and a reader find it from any working directory.
+    return AutoModelForDiffusionLM.from_pretrained(path).eval(), str(path.resolve())
 
 
 def collect(

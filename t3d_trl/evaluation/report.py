@@ -71,9 +71,9 @@ def accuracy_table(results: Results, metric: str = "accuracy") -> str:
 
     Columns: ``<benchmark> (B=<block length>)`` for each block length and benchmark, ``AVG`` (mean of the
     row's cells, in percent) and ``Gain (%)`` (relative change of the mean over the first model's, the
-    paper's "Gains"). Where a row lacks cells (a partial or merged results file), its Gain compares the two
-    models' means over the cells both have, never averages over different benchmarks. With several seeds a
-    cell reads ``mean ± std``.
+    paper's "Gains"; ``-`` in a section where the first model has no run). Where a row lacks cells (a partial
+    or merged results file), its Gain compares the two models' means over the cells both have, never averages
+    over different benchmarks. With several seeds a cell reads ``mean ± std``.
     """
     if not results:
         raise ValueError("no results to tabulate")
@@ -98,8 +98,10 @@ def accuracy_table(results: Results, metric: str = "accuracy") -> str:
                 continue
             values = [100 * e["metrics"][metric] if e is not None else None for e in found]
             average = statistics.fmean(v for v in values if v is not None)
-            if reference is None:
+            if model == models[0]:
                 reference, gain = values, "-"
+            elif reference is None:
+                gain = "-"  # the baseline has no run in this section
             else:
                 shared = [(v, r) for v, r in zip(values, reference) if v is not None and r is not None]
                 base = statistics.fmean(r for _, r in shared) if shared else 0.0
@@ -110,7 +112,8 @@ def accuracy_table(results: Results, metric: str = "accuracy") -> str:
                 + [_percent(e, metric) if e is not None else "–" for e in found]
                 + [f"{average:.2f}", gain]
             )
-        sections.append(f"### {_group_title(group)}\n\n{_markdown(header, rows)}")
+        missing = "" if reference is not None else f"\n\nNo Gain: the baseline, {models[0]}, has no run here."
+        sections.append(f"### {_group_title(group)}\n\n{_markdown(header, rows)}{missing}")
     return "\n\n".join(sections)
 
 

@@ -67,6 +67,14 @@ class GridResult:
             self.results[same[0]] = entry
         else:
             self.results.append(entry)
+            self.results = _in_model_order(self.results, self.settings.get("models", {}))
+
+
+def _in_model_order(results: list[dict[str, Any]], models: Iterable[str]) -> list[dict[str, Any]]:
+    """``results`` grouped by model in the grid's order (its first model is the Gain column's baseline), each
+    model's runs in the order they came."""
+    rank = {name: i for i, name in enumerate(models)}
+    return sorted(results, key=lambda entry: rank.get(entry["model"], len(rank)))
 
 
 # ------------------------------------------------------------------------------------------------ files
@@ -140,16 +148,26 @@ def write_results(output: Path, grid: GridResult) -> None:
     write_atomically(output / RESULTS_FILE, lambda tmp: tmp.write_text(json.dumps(grid.to_dict(), indent=2)))
 
 
+def _merged_models(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """This grid's models, in its order, take the place of the first of them among the earlier ones (the others
+    keep theirs): a model added in front of earlier ones becomes the Gain column's baseline, as ``--models``
+    says, and a rerun of fewer models keeps the order it finds."""
+    rest = [name for name in old if name not in new]
+    first = next((i for i, name in enumerate(old) if name in new), len(old))
+    place = sum(name not in new for name in list(old)[:first])
+    return {name: new.get(name, old.get(name)) for name in [*rest[:place], *new, *rest[place:]]}
+
+
 def merge_settings(earlier: GridResult, current: GridResult) -> GridResult:
     """Earlier results kept, the grid description the union of both (models, benchmarks, decoding)."""
     old, new = earlier.settings, current.settings
     merged = dict(new)
-    merged["models"] = {**old.get("models", {}), **new["models"]}
+    merged["models"] = _merged_models(old.get("models", {}), new["models"])
     merged["benchmarks"] = list(dict.fromkeys([*old.get("benchmarks", []), *new["benchmarks"]]))
     labels = {d["label"] for d in new["decoding"]}
     merged["decoding"] = [d for d in old.get("decoding", []) if d["label"] not in labels] + new["decoding"]
     merged["data_files"] = {**old.get("data_files", {}), **new["data_files"]}
-    return GridResult(settings=merged, results=list(earlier.results))
+    return GridResult(settings=merged, results=_in_model_order(earlier.results, merged["models"]))
 
 
 # ------------------------------------------------------------------------------------------------ fingerprints

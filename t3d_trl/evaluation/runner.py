@@ -40,6 +40,7 @@ from ..data.prompts import check_known_tokens, encode_prompts
 from ..generation.configuration import DiffusionGenerationConfig
 from ..generation.memory import auto_batch_size, peak_memory_gb, reset_peak_memory
 from ..generation.sampler import eos_token_ids, left_pad
+from ..generation.streamers import StepRelay
 from ..utils import resolve_dtype
 from .benchmarks import Benchmark, check_safely, get_benchmark
 from .grid import DecodingSetting, check_run_settings, grid_benchmarks, grid_settings, load_examples
@@ -105,10 +106,6 @@ class Generations:
         return throughput(sum(self.num_tokens), self.seconds)
 
 
-def _device(model: torch.nn.Module) -> torch.device:
-    return next(model.parameters()).device
-
-
 def _synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -145,8 +142,8 @@ def generate_completions(
         generator: random generator for sampling (``temperature > 0``) and random remasking.
         progress: show a progress bar.
         desc: its label.
-        streamer: a :class:`~t3d_trl.generation.streamers.DiffusionStreamer` handed to every batch's
-            ``diffusion_generate`` (it sees the batches in the sorted order).
+        streamer: a :class:`~t3d_trl.generation.streamers.DiffusionStreamer` that sees every batch's steps (in
+            the sorted order) and ends once, after the last; the time it takes does not count as decoding time.
     """
     if isinstance(messages, str):
         raise TypeError("messages must be a sequence of str, not a single str")
@@ -154,7 +151,7 @@ def generate_completions(
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     config = DiffusionGenerationConfig.parse(generation_config) or model.diffusion_generation_config
     config = config.update(return_dict_in_generate=True, output_history=False)  # a copy: the caller's is kept
-    device = _device(model)
+    device = next(model.parameters()).device
     eos = torch.tensor(eos_token_ids(model, config), dtype=torch.long, device=device)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else int(eos[0]) if len(eos) else 0
     prompts, ids = encode_prompts(tokenizer, messages, use_chat_template)
@@ -165,17 +162,18 @@ def generate_completions(
     if batch_size is None:
         batch_size = auto_batch_size(model, config, len(ids[order[0]]) if n else 0)
     reset_peak_memory(device)
-    with tqdm(total=n, desc=desc, unit="sample", disable=not progress, leave=False) as bar:
+    relay = StepRelay(streamer)
+    with tqdm(total=n, desc=desc, unit="sample", disable=not progress, leave=False) as bar, relay:
         for start in range(0, n, batch_size):
             batch = order[start : start + batch_size]
             input_ids, attention_mask = (t.to(device) for t in left_pad([ids[i] for i in batch], pad_id))
             _synchronize(device)
             began = time.perf_counter()
             out = model.diffusion_generate(
-                input_ids, attention_mask, generation_config=config, generator=generator, streamer=streamer
+                input_ids, attention_mask, generation_config=config, generator=generator, streamer=relay.batch
             )
             _synchronize(device)
-            seconds = time.perf_counter() - began
+            seconds = time.perf_counter() - began - relay.take_seconds()
             generated = out.sequences[:, input_ids.shape[1] :]
             is_eos = torch.isin(generated, eos) if len(eos) else torch.zeros_like(generated, dtype=torch.bool)
             has_eos = is_eos.any(-1)
@@ -332,7 +330,7 @@ def evaluate_model(
 
     messages = [benchmark.user_message(example) for example in examples for _ in range(num_samples)]
     items = [(example, s) for example in examples for s in range(num_samples)]
-    device = _device(model)
+    device = next(model.parameters()).device
     if warmup:
         generate_completions(
             model, tokenizer, messages[:1], config, use_chat_template=use_chat_template, progress=False

@@ -241,6 +241,11 @@ def diffusion_generate(
     """Decode ``config.max_new_tokens`` tokens after each prompt. See the module docstring; ``streamer`` (see
     :mod:`t3d_trl.generation.streamers`) sees the canvas after every forward pass, and its ``end`` is called
     however decoding ends (an error too, so that a consumer in another thread is not left waiting)."""
+    if streamer is not None and not isinstance(streamer, DiffusionStreamer):
+        raise TypeError(
+            f"streamer must be a DiffusionStreamer (TerminalStreamer, DiffusionIteratorStreamer or a subclass), "
+            f"got {type(streamer).__name__}: transformers' streamers take the ids of left-to-right decoding"
+        )
     try:
         return _generate(model, diffusion, input_ids, attention_mask, config, generator, streamer)
     finally:

@@ -15,9 +15,12 @@ or without one, and without one the sampler pays a single ``if``.
 
 from __future__ import annotations
 
+import os
 import queue
+import re
 import shutil
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -93,6 +96,40 @@ class DiffusionStreamer:
 
     def end(self) -> None:
         """Called once when decoding is over."""
+
+
+class StepRelay(DiffusionStreamer):
+    """Hands ``streamer`` the steps of several ``diffusion_generate`` calls (the batches of one job) and ends it
+    once, when the ``with`` block over them ends (an error too). Each call gets :attr:`batch`; the time the
+    streamer takes (drawing, a full queue) is kept apart, as it is not decoding time (:meth:`take_seconds`)."""
+
+    def __init__(self, streamer: DiffusionStreamer | None):
+        self.streamer, self.seconds = streamer, 0.0
+
+    @property
+    def batch(self) -> StepRelay | None:
+        """What to pass as one call's ``streamer``: the relay, or ``None`` without a streamer."""
+        return self if self.streamer is not None else None
+
+    def put(self, step: DiffusionStep) -> None:
+        began = time.perf_counter()
+        self.streamer.put(step)
+        self.seconds += time.perf_counter() - began
+
+    def end(self) -> None:
+        """A call's end: the streamer ends with the ``with`` block, after the last call."""
+
+    def take_seconds(self) -> float:
+        """Seconds the streamer took since the last call of this method."""
+        seconds, self.seconds = self.seconds, 0.0
+        return seconds
+
+    def __enter__(self) -> StepRelay:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.streamer is not None:
+            self.streamer.end()
 
 
 class DiffusionIteratorStreamer(DiffusionStreamer):
@@ -229,7 +266,7 @@ class TerminalStreamer(DiffusionStreamer):
             self.stream.write((f"\x1b[{up}A" if up else "") + "\r\x1b[J")
         self.stream.write(text + "\n" if not self.redraw else text)
         self.stream.flush()
-        self._drawn_rows = _terminal_rows(text)
+        self._drawn_rows = _terminal_rows(text, _columns(self.stream))
         self.last_step = step
 
     def end(self) -> None:
@@ -242,10 +279,20 @@ class TerminalStreamer(DiffusionStreamer):
         return f"{code}{text}{_RESET}" if self.color and text else text
 
 
-def _terminal_rows(text: str) -> int:
-    """Rows ``text`` (ANSI escapes included) takes on the terminal, wrapped lines counted."""
-    import re
+def _columns(stream: TextIO) -> int:
+    """The width of the terminal ``stream`` draws on (standard output may be a file while it is a terminal)."""
+    try:
+        return os.get_terminal_size(stream.fileno()).columns
+    except (
+        AttributeError,
+        OSError,
+        ValueError,
+    ):  # no file descriptor (io.UnsupportedOperation is an OSError)
+        return shutil.get_terminal_size().columns
 
-    width = max(shutil.get_terminal_size().columns, 1)
+
+def _terminal_rows(text: str, width: int) -> int:
+    """Rows ``text`` (ANSI escapes included) takes on a terminal ``width`` columns wide, wrapped lines counted."""
+    width = max(width, 1)
     visible = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", text)
     return sum(max(1, -(-len(line) // width)) for line in visible.split("\n"))

@@ -101,7 +101,8 @@ def convert_checkpoint(
     Raises:
         ValueError: unknown ``model_type``; a config key the native class cannot express; a tokenizer without a
             mask token when ``config.json`` has no ``mask_token_id``; a tensor whose name has no native place, whose
-            shape differs from what ``config.json`` implies, or that is missing. Nothing is written then.
+            shape differs from what ``config.json`` implies, or that is missing; a tokenizer_config.json that is
+            not JSON. Nothing is left in ``dst`` after any failure (it is written beside it, then renamed).
         FileNotFoundError: no ``config.json``, no safetensors weights, or a shard the index lists is absent.
         FileExistsError: ``dst`` is a non-empty folder.
     """
@@ -137,10 +138,20 @@ def convert_checkpoint(
     limit = convert_file_size_to_int(max_shard_size) if max_shard_size is not None else largest
     groups = _group(tensors, limit, dtype)
 
-    dst.mkdir(parents=True, exist_ok=True)
-    _write_shards(groups, shard_paths, dst, dtype)
-    config.save_pretrained(dst)
-    _copy_tokenizer(src, hub_kwargs, dst, family)
+    # Written beside dst and renamed into place when whole: a failure (a bad tokenizer file, a full disk) never
+    # leaves a folder that looks converted and blocks the rerun (a kill leaves only the hidden staging folder).
+    staging = dst.parent / f".{dst.name}.converting-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        _write_shards(groups, shard_paths, staging, dtype)
+        config.save_pretrained(staging)
+        _copy_tokenizer(src, hub_kwargs, staging, family)
+        if dst.exists():
+            dst.rmdir()  # empty, checked above
+        staging.rename(dst)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return dst
 
 
@@ -303,7 +314,10 @@ def _copy_tokenizer(src: str, hub_kwargs: Mapping[str, Any], dst: Path, family: 
         logger.warning("%s has no tokenizer files; %s has weights and config only", src, dst)
         return
     config_path = dst / "tokenizer_config.json"
-    tokenizer_config = json.loads(config_path.read_text()) if config_path.exists() else {}
+    try:
+        tokenizer_config = json.loads(config_path.read_text()) if config_path.exists() else {}
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{src}: {config_path.name} is not valid JSON ({err})") from err
     # With its code the tokenizer loads with trust_remote_code=True, as the source's does.
     for name in _tokenizer_code_files(tokenizer_config):
         path = hub_file(src, name, hub_kwargs, required=False)

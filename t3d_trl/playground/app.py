@@ -226,21 +226,37 @@ def build_app(
 
             for trigger in (run.click, prompt.submit):
                 trigger(on_run, [prompt, chat, delay, *inputs], [status, *views])
-        with gr.Tab("Replay trajectory"):
-            with gr.Row():
-                path = gr.Textbox(
-                    value=trajectories or "",
-                    label="trajectory dataset (folder or Hub id)",
-                    elem_id="t3d-replay-path",
-                )
-                row = gr.Number(value=0, precision=0, label="row", elem_id="t3d-replay-row")
-                tokenizer = gr.Textbox(label="tokenizer (empty: the dataset's teacher)")
-            replay_delay = gr.Slider(0, 1, value=seconds_per_step, step=0.05, label="seconds per step shown")
-            replay = gr.Button("Replay", variant="primary", elem_id="t3d-replay")
-            replay_view = gr.HTML(elem_id="t3d-replay-view")
-            replay.click(replay_page, [path, row, tokenizer, replay_delay], [replay_view])
+        if registry.allow_paths or trajectories:
+            _replay_tab(gr, trajectories, seconds_per_step, registry.allow_paths)
     app.queue(default_concurrency_limit=1)
     return app
+
+
+def _replay_tab(gr: Any, trajectories: str | None, seconds_per_step: float, allow_paths: bool) -> None:
+    """The replay tab; without ``allow_paths`` it replays only ``trajectories``, with their teacher's tokenizer
+    (a visitor's request names no path: typed values are ignored on the server, not only greyed out)."""
+    with gr.Tab("Replay trajectory"):
+        with gr.Row():
+            path = gr.Textbox(
+                value=trajectories or "",
+                label="trajectory dataset" + (" (folder or Hub id)" if allow_paths else ""),
+                interactive=allow_paths,
+                elem_id="t3d-replay-path",
+            )
+            row = gr.Number(value=0, precision=0, label="row", elem_id="t3d-replay-row")
+            tokenizer = gr.Textbox(label="tokenizer (empty: the dataset's teacher)", visible=allow_paths)
+        delay = gr.Slider(0, 1, value=seconds_per_step, step=0.05, label="seconds per step shown")
+        replay = gr.Button("Replay", variant="primary", elem_id="t3d-replay")
+        view = gr.HTML(elem_id="t3d-replay-view")
+
+        def on_replay(
+            dataset_path: str, row_value: Any, tokenizer_source: str, seconds: float
+        ) -> Iterator[str]:
+            if not allow_paths:
+                dataset_path, tokenizer_source = trajectories or "", ""
+            yield from replay_page(dataset_path, row_value, tokenizer_source, seconds)
+
+        replay.click(on_replay, [path, row, tokenizer, delay], [view])
 
 
 def _column_inputs(gr: Any, index: int, spec: ColumnSpec, registry: ModelRegistry) -> tuple[list[Any], Any]:

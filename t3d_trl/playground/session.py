@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from ..demo.quickstart import METHODS, PACKAGED_TEACHERS
-from ..diffusion.forward import accepts_4d_mask
+from ..diffusion.forward import accepts_4d_mask, max_positions
 from ..generation.configuration import DiffusionGenerationConfig
 from ..generation.streamers import DiffusionStep, DiffusionStreamer, token_pieces, token_separator
 from .render import CanvasState, canvas_html, column_html, error_html, stats_html, text_html
@@ -64,7 +64,13 @@ def quickstart_models(quickstart_dir: str | Path) -> dict[str, str]:
     teacher = (
         folder / "teacher" if results.get("teacher") == "trained here" else Path(results.get("teacher", ""))
     )
-    if not (teacher / "config.json").is_file():
+    # The packaged teacher of another install is this one's; any other teacher is the one recorded, checked
+    # (and named in the error) where the models load, so that `--models teacher=PATH` can replace a moved one.
+    if not (teacher / "config.json").is_file() and teacher.parts[-3:] == (
+        "demo",
+        "teachers",
+        results["task"],
+    ):
         teacher = PACKAGED_TEACHERS / results["task"]
     models = {"teacher": str(teacher)}
     for method in results.get("config", {}).get("methods", []):
@@ -222,7 +228,7 @@ def default_columns(models: Sequence[str]) -> list[ColumnSpec]:
 
 def check_columns(registry: ModelRegistry, specs: Sequence[ColumnSpec]) -> None:
     """Refuse, naming the column, a model the page cannot offer and settings a column's model cannot decode
-    with (the block arithmetic, a cache of the wrong kind). Loads the columns' models, once every name is known
+    with (the block arithmetic, a cache of the wrong kind, a budget past its positions). Loads the columns' models, once every name is known
     to be offered: before the page is served, not at every Run."""
 
     def refuse(index: int, spec: ColumnSpec, err: ValueError) -> ValueError:
@@ -240,6 +246,12 @@ def check_columns(registry: ModelRegistry, specs: Sequence[ColumnSpec]) -> None:
             config = generation_config(model, spec)
             config.resolve(diffusion.block_size if diffusion.is_block_causal else None)
             config.check_model(diffusion.is_block_causal, accepts_4d_mask(model))
+            limit = max_positions(model)
+            if limit is not None and config.max_new_tokens >= limit:
+                raise ValueError(
+                    f"max_new_tokens={config.max_new_tokens} leaves no room for a prompt: the model numbers "
+                    f"{limit} positions (max_position_embeddings)"
+                )
         except ValueError as err:
             raise refuse(index, spec, err) from err
 
