@@ -11,7 +11,7 @@ from transformers import GenerationConfig
 
 from t3d_trl import DiffusionConfig, DiffusionGenerationConfig, add_diffusion_generation
 from t3d_trl.generation.remasking import select_dynamic, select_static, transfer_schedule
-from t3d_trl.generation.sampler import BlockRunner, layout_canvas, left_pad
+from t3d_trl.generation.sampler import BlockRunner, eos_token_ids, layout_canvas, left_pad
 
 BUILDERS = {
     "bidirectional": build_bidirectional_model,
@@ -306,6 +306,12 @@ def test_shifted_logits_read_the_previous_position(tokenizer):
             "got GenerationConfig (transformers' autoregressive settings)",
         ),
         (dict(token_type_ids=torch.ones(4, 1, dtype=torch.long)), "token_type_ids marks a second segment"),
+        (dict(stop_at_eos="false"), "stop_at_eos must be True or False, got 'false' (str)"),  # read as on
+        (dict(use_cache="no"), "use_cache must be True or False, got 'no' (str)"),
+        (dict(pad_token_id=-1), "pad_token_id must be a token id (>= 0), got -1"),
+        (dict(eos_token_id="2"), "eos_token_id must be a token id or a list of them, got '2'"),
+        (dict(pad_token_id=10**6), "pad_token_id=1000000 is not a token the model can emit"),
+        (dict(eos_token_id=[2, 10**6]), "eos_token_id=1000000 is not a token the model can emit"),
     ],
 )
 def test_bad_settings_name_the_value(tokenizer, settings, message):
@@ -333,6 +339,17 @@ def test_an_empty_prompt_decodes_like_an_empty_row_of_a_batch(tokenizer, kind):
     )
     with pytest.raises(ValueError, match=r"row\(s\) \[0\] have an empty prompt: a shifted-logit model"):
         dream.diffusion_generate(*left_pad(rows, tokenizer.pad_token_id), **settings)
+
+
+def test_eos_and_pad_ids_are_checked_against_the_model(tokenizer):
+    model = build_bidirectional_model(tokenizer)
+    input_ids, attention_mask = _batch(tokenizer)
+    # The mask token as EOS would end every row at once, undecoded.
+    with pytest.raises(ValueError, match=f"eos_token_id={tokenizer.mask_token_id} is not a token the model"):
+        model.diffusion_generate(input_ids, attention_mask, eos_token_id=tokenizer.mask_token_id)
+    # An EOS id of 0 (GPT-NeoX / Pythia tokenizers) saved in the generation config is read, not skipped as falsy.
+    model.config.eos_token_id, model.generation_config.eos_token_id = None, 0
+    assert eos_token_ids(model, DiffusionGenerationConfig()) == [0]
 
 
 def test_right_padded_batch_is_refused(tokenizer):

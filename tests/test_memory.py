@@ -28,6 +28,11 @@ def test_auto_batch_size_fits_the_free_memory(tokenizer):
     # Guidance decodes an unconditional copy of every row beside it: half the prompts fit.
     guided = config.update(cfg_scale=1.0)
     assert auto_batch_size(model, guided, 4, free_bytes=10 * per_row, fraction=1.0) == 5
+    # Sampling holds float64 noise and tempered logits of a block beside the probabilities, filtering a sort.
+    sampled = config.update(temperature=1.0)
+    assert decoding_bytes_per_row(model, 64, 4, sampling=True) > per_row
+    assert decoding_bytes_per_row(model, 64, 4, True, True) > decoding_bytes_per_row(model, 64, 4, True)
+    assert auto_batch_size(model, sampled, 4, free_bytes=10 * per_row, fraction=1.0) < 10
     # A longer canvas needs more memory per row.
     assert decoding_bytes_per_row(model, 512, 4) > 8 * per_row
     assert peak_memory_gb(torch.device("cpu")) is None

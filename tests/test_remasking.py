@@ -82,3 +82,16 @@ def test_threshold_compares_the_float64_probability(threshold):
     expected = confidence >= threshold
     expected[torch.arange(64), confidence.argmax(-1)] = True
     assert torch.equal(ours, expected)
+
+
+def test_top_p_keeps_the_nucleus_of_the_tempered_distribution():
+    # Tempered first, then filtered (transformers, Dream, SDAR): at T=3 the nucleus of 0.9 holds five tokens;
+    # filtering the untempered logits kept token 0 alone (p = 0.903 at T=1), so it was always drawn.
+    logits = torch.tensor([4.0, 1.0, 0.5, 0.0, -1.0, -2.0]).expand(1, 20000, 6)
+    generator = torch.Generator().manual_seed(0)
+    x0, _ = propose_tokens(logits, 3.0, "low_confidence", top_p=0.9, generator=generator)
+    frequency = torch.bincount(x0.flatten(), minlength=6).double() / x0.numel()
+    tempered = (logits[0, 0] / 3).softmax(-1)
+    expected = torch.cat([tempered[:5] / tempered[:5].sum(), torch.zeros(1)]).double()
+    assert frequency[5] == 0 and torch.allclose(frequency, expected, atol=0.015)
+

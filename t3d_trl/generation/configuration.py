@@ -19,6 +19,7 @@ CACHES = ("none", *CACHE_IMPLEMENTATIONS)  # the old ``cache`` spelling: "none" 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 INTEGER_FIELDS = ("max_new_tokens", "block_length", "steps", "tokens_per_step", "top_k", "pad_token_id")
 REAL_FIELDS = ("temperature", "top_p", "threshold", "cfg_scale")
+BOOL_FIELDS = ("stop_at_eos", "use_cache", "return_dict_in_generate", "output_history")
 #: Output controls set by the code that calls ``diffusion_generate``: no command-line flag, no recipe key.
 OUTPUT_FIELDS = ("return_dict_in_generate", "output_history")
 
@@ -139,6 +140,15 @@ class DiffusionGenerationConfig:
             if kind is numbers.Real and not math.isfinite(value):  # NaN passes every range check (as greedy)
                 raise ValueError(f"{name} must be a finite number, got {value}")
             setattr(self, name, int(value) if kind is numbers.Integral else float(value))
+        for name in BOOL_FIELDS:  # the string "false" would read as on
+            value = getattr(self, name)
+            if not isinstance(value, bool) and type(value).__name__ != "bool_":  # numpy's bool too
+                raise TypeError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
+            setattr(self, name, bool(value))
+        eos = self.eos_token_id
+        for value in eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos]:
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+                raise TypeError(f"eos_token_id must be a token id or a list of them, got {eos!r}")
 
     def validate(self) -> None:
         """Check values that do not depend on the model or the prompt."""
@@ -156,6 +166,8 @@ class DiffusionGenerationConfig:
             raise ValueError(f"tokens_per_step must be positive, got {self.tokens_per_step}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.pad_token_id is not None and self.pad_token_id < 0:
+            raise ValueError(f"pad_token_id must be a token id (>= 0), got {self.pad_token_id}")
         if self.top_k is not None and self.top_k < 1:
             raise ValueError(f"top_k must be positive, got {self.top_k}")
         if self.top_p is not None and not 0 < self.top_p <= 1:

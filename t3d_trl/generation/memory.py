@@ -13,12 +13,20 @@ DEFAULT_BATCH_SIZE = 8  # the CPU's, and any device's whose free memory cannot b
 MAX_AUTO_BATCH_SIZE = 128
 
 
-def decoding_bytes_per_row(model: torch.nn.Module, canvas_length: int, block_length: int) -> int:
+def decoding_bytes_per_row(
+    model: torch.nn.Module,
+    canvas_length: int,
+    block_length: int,
+    sampling: bool = False,
+    filtering: bool = False,
+) -> int:
     """An upper estimate of the accelerator memory one row of a batch needs while decoding.
 
     Counts the static key/value cache of the whole canvas, the canvas-wide attention mask, the activations of a
     full-canvas forward pass (the no-cache and the approximate caches' first step; a block-causal step is
-    smaller) and the float32 logits and float64 probabilities of a block.
+    smaller) and the float32 logits and float64 probabilities of a block; with ``sampling`` (temperature > 0)
+    the float64 uniforms, Gumbel noise and tempered logits of a block too, and with ``filtering`` (top-k or
+    top-p) the float64 sort and its indices.
     """
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     element = next((p.element_size() for p in model.parameters() if p.is_floating_point()), 4)
@@ -34,7 +42,9 @@ def decoding_bytes_per_row(model: torch.nn.Module, canvas_length: int, block_len
     mask = t * t * element
     # One layer's live activations over the canvas: residual, q/k/v, attention scores, gated MLP.
     activations = t * (4 * hidden + 3 * intermediate) * element + heads * t * t * element
-    logits = block_length * vocab * (4 + 8 + 8)
+    logits = (
+        block_length * vocab * (4 + 8 + 8 + (32 if sampling else 0) + (24 if sampling and filtering else 0))
+    )
     return kv_cache + mask + activations + logits
 
 
@@ -62,7 +72,10 @@ def auto_batch_size(
     block = (
         config.block_length or getattr(model.diffusion_config, "block_size", None) or config.max_new_tokens
     )
-    per_row = decoding_bytes_per_row(model, longest_prompt + config.max_new_tokens + block, block)
+    sampling, filtering = config.temperature > 0, config.top_k is not None or config.top_p is not None
+    per_row = decoding_bytes_per_row(
+        model, longest_prompt + config.max_new_tokens + block, block, sampling, filtering
+    )
     per_row *= 2 if config.cfg_scale > 0 else 1
     return max(1, min(MAX_AUTO_BATCH_SIZE, int(free_bytes * fraction) // per_row))
 

@@ -73,8 +73,9 @@ def propose_tokens(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick ``x0`` for every position and score it.
 
-    Sampling is Gumbel-max in float64 (``argmax(logits / T + G)`` over the top-k / top-p filtered logits),
-    which draws exactly from ``softmax(logits / T)``; ``temperature == 0`` is the plain argmax. Scores (higher
+    Sampling is Gumbel-max in float64 (``argmax(filter(logits / T) + G)``, top-k / top-p filtering applied to
+    the tempered logits, as transformers, Dream and SDAR apply it), which draws exactly from
+    ``softmax(filter(logits / T))``; ``temperature == 0`` is the plain argmax. Scores (higher
     = commit first) are computed from the model's unfiltered distribution at temperature 1, as in the LLaDA
     reference, so filtering changes which token is drawn, not how sure the model is of it:
     ``low_confidence`` = p(x0), ``margin`` = p(top1) - p(top2), ``entropy`` = minus the predictive entropy,
@@ -101,7 +102,9 @@ def propose_tokens(
         choice = logits.index_fill(-1, torch.tensor([mask_token_id], device=logits.device), float("-inf"))
     if temperature > 0:
         gumbel = -torch.log(-torch.log(uniform.clamp_min(1e-300)))
-        x0 = (filter_logits(choice, top_k, top_p).double() / temperature + gumbel).argmax(-1)
+        # Tempered first, then filtered (as transformers, Dream and SDAR do): top_p's nucleus is that of the
+        # distribution sampled.
+        x0 = (filter_logits(choice.double() / temperature, top_k, top_p) + gumbel).argmax(-1)
     else:
         x0 = choice.argmax(-1)
     return x0, confidence_score(logits, x0, remasking, random_score)
@@ -133,7 +136,8 @@ def confidence_score(
     """The float64 score of proposing ``x0`` under ``logits`` ``[B, L, V]`` (see :func:`propose_tokens`).
 
     ``low_confidence`` is ``softmax(logits.double())`` gathered at ``x0``, exactly LLaDA's and Fast-dLLM's
-    expression, so equal probabilities (ties broken by position) are equal here too.
+    expression, so probabilities equal there are equal here too (and :func:`select_static` orders them with
+    ``torch.topk``, as they do).
     """
     if remasking == "random":
         if random_score is None:
@@ -157,6 +161,8 @@ def select_static(score: torch.Tensor, masked: torch.Tensor, quota: torch.Tensor
     if k == 0:
         return commit
     score = score.masked_fill(~masked, float("-inf"))
+    # torch.topk, as LLaDA's and Fast-dLLM's code commit: among equal scores (float64 probabilities tie at 1.0
+    # past a logit gap of ~37) the order is topk's, not the position's.
     top = score.topk(k, dim=-1).indices
     take = torch.arange(k, device=score.device).unsqueeze(0) < quota.unsqueeze(1)
     commit.scatter_(1, top, take)

@@ -168,9 +168,10 @@ def layout_canvas(
 def eos_token_ids(model: torch.nn.Module, config: DiffusionGenerationConfig) -> list[int]:
     """EOS ids of a generation: the config's, else the model's generation config or config."""
     eos = config.eos_token_id
+    if eos is None:  # `is None`, not `or`: 0 is an EOS id (GPT-NeoX / Pythia tokenizers)
+        eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     if eos is None:
-        generation_config = getattr(model, "generation_config", None)
-        eos = getattr(generation_config, "eos_token_id", None) or getattr(model.config, "eos_token_id", None)
+        eos = getattr(model.config, "eos_token_id", None)
     if eos is None:
         return []
     return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
@@ -185,7 +186,17 @@ def _check_model(
     model: torch.nn.Module, diffusion: DiffusionConfig, config: DiffusionGenerationConfig, valid: torch.Tensor
 ) -> None:
     """Refuse settings the model cannot decode with, naming the value."""
-    checked_vocab_size(model, diffusion)
+    vocab = checked_vocab_size(model, diffusion)
+    for name, ids in (
+        ("eos_token_id", eos_token_ids(model, config)),
+        ("pad_token_id", [config.pad_token_id]),
+    ):
+        bad = [i for i in ids if i is not None and not 0 <= i < vocab or i == diffusion.mask_token_id]
+        if bad:  # a mask id would read as undecoded, an id past the vocabulary fails in the tokenizer
+            raise ValueError(
+                f"{name}={bad[0]} is not a token the model can emit other than its mask "
+                f"(vocabulary of {vocab}, mask_token_id={diffusion.mask_token_id})"
+            )
     is_decoder = accepts_4d_mask(model)
     if diffusion.is_block_causal and not is_decoder:
         raise ValueError(
