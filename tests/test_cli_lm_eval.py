@@ -20,6 +20,9 @@ def test_relative_data_files_resolve_against_the_yaml_folder():
     assert resolved == {"test": str(TASKS / "demo_sort2.jsonl"), "hub": "hf://x/y.json"}
     assert _resolve_data_files(["tiny.jsonl"], TASKS) == [str(TASKS / "tiny.jsonl")]
     assert _resolve_data_files("missing.jsonl", TASKS) == "missing.jsonl"  # left to lm_eval to report
+    # A glob that matches next to the YAML is read there too (it used to resolve against the working folder).
+    assert _resolve_data_files("tin*.jsonl", TASKS) == str(TASKS / "tin*.jsonl")
+    assert _resolve_data_files("nothing*.jsonl", TASKS) == "nothing*.jsonl"
 
 
 @pytest.mark.slow  # lm_eval builds its task index

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -133,6 +134,18 @@ def test_a_gold_filter_that_drops_every_row_still_prints_the_summary(recipe, mon
     assert capsys.readouterr().out.splitlines()[-1] == (
         f"3 prompts, 0 trajectories saved to {out}, 3 dropped: 3 answer does not match gold_column='gold'"
     )
+
+
+def test_push_to_hub_without_hub_access_fails_before_decoding(recipe, monkeypatch, capsys):
+    # As `train --push_to_hub` does: the repo is created first, so an offline Hub fails before any decoding.
+    import t3d_trl.data.trajectories as trajectories
+
+    path, values = recipe
+    decoded = []
+    monkeypatch.setattr(trajectories, "collect_trajectories", lambda *a, **k: decoded.append(1))
+    assert main(["collect", "--config", str(path), "--push_to_hub", "--hub_model_id", "me/traj"]) != 0
+    assert not decoded and not (Path(values["output_dir"])).exists()
+    assert "offline" in capsys.readouterr().err.lower()
 
 
 def test_a_local_teacher_resumes_under_another_spelling_of_its_path(recipe, monkeypatch):

@@ -311,6 +311,37 @@ def test_refusals_and_argument_errors(tokenizer):
         DiffusionLM(model, tokenizer=tokenizer, device="cpu", steps=4, tokens_per_step=2)
 
 
+def test_continuations_are_the_texts_tokens_whatever_the_tokenizer_appends(tokenizer):
+    # A tokenizer that ends every text with a special token (BERT's [SEP]): lm-eval reads the continuation as
+    # the tail of context + continuation, which held [SEP] and lost the continuation's first token.
+    from testing_utils import build_modernbert_model, build_tokenizer
+    from tokenizers.processors import TemplateProcessing
+
+    model = build_modernbert_model(tokenizer)
+    wrapped = build_tokenizer()  # its own copy: the post-processor is changed
+    bos, eos = wrapped.bos_token, wrapped.eos_token
+    wrapped._tokenizer.post_processor = TemplateProcessing(
+        single=f"{bos} $A {eos}",
+        special_tokens=[(bos, wrapped.bos_token_id), (eos, wrapped.eos_token_id)],
+    )
+    lm = DiffusionLM(model, tokenizer=wrapped, device="cpu")
+    context, continuation = lm._encode_pair("Q: ab", " cd")
+    assert context == [wrapped.bos_token_id, *wrapped("Q: ab", add_special_tokens=False).input_ids]
+    assert continuation == wrapped(" cd", add_special_tokens=False).input_ids
+
+
+def test_long_contexts_are_cut_from_the_left_to_fit_the_model(tokenizer, caplog):
+    # As lm-eval's Hugging Face model does; the greedy check failed on the sampler's length error before.
+    model = build_bidirectional_model(tokenizer, max_position_embeddings=32)
+    lm = DiffusionLM(model, tokenizer=tokenizer, device="cpu", mc_num=2)
+    context, continuation = list(range(10, 50)), [12, 13, 14]
+    assert lm._fitted_context(context, continuation) == context[-29:]
+    (answer,) = lm._loglikelihood_tokens([(("c", "x"), context, continuation)], disable_tqdm=True)
+    assert math.isfinite(answer[0]) and "cut from the left" in caplog.text
+    with pytest.raises(ValueError, match="a continuation of 32 tokens does not fit the model's 32 positions"):
+        lm._fitted_context(context, list(range(10, 42)))
+
+
 def test_lm_eval_command_help(capsys):
     assert cli_main(["lm-eval", "--help"]) == 0
     assert "--model_args" in capsys.readouterr().out

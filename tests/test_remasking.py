@@ -94,4 +94,3 @@ def test_top_p_keeps_the_nucleus_of_the_tempered_distribution():
     tempered = (logits[0, 0] / 3).softmax(-1)
     expected = torch.cat([tempered[:5] / tempered[:5].sum(), torch.zeros(1)]).double()
     assert frequency[5] == 0 and torch.allclose(frequency, expected, atol=0.015)
-

@@ -649,6 +649,34 @@ def test_build_prompts(tokenizer):
         build_prompts(datasets.Dataset.from_list([{"problem": "a"}, {"problem": None}]), tokenizer, "plain")
     with pytest.raises(KeyError, match="prompt_column 'problem'"):
         build_prompts(rows, tokenizer)
+    # A missing id would become the id "None".
+    with pytest.raises(ValueError, match="row 1 has no id in column 'id'"):
+        build_prompts(
+            datasets.Dataset.from_list([{"problem": "a", "id": "x"}, {"problem": "b", "id": None}]), tokenizer
+        )
+
+
+def test_chat_prompts_stop_at_the_last_user_turn(tokenizer, caplog):
+    # An SFT conversation's assistant answer used to reach the teacher's prompt, silently.
+    sft = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "ANSWER"},
+    ]
+    rows = datasets.Dataset.from_list([{"chat": sft}, {"chat": sft[:2]}])
+    with caplog.at_level(logging.WARNING, logger="t3d_trl"):
+        prompts = build_prompts(rows, tokenizer, chat_column="chat")
+    assert prompts[0].prompt == prompts[1].prompt and "ANSWER" not in prompts[0].prompt
+    assert "1 of 2 conversations go on after their last user turn" in caplog.text
+    as_text = datasets.Dataset.from_list([{"chat": json.dumps(sft)}])  # a JSON export's string
+    with pytest.raises(ValueError, match=r"row 0: 'chat' holds str .* not a list of \{'role', 'content'\}"):
+        build_prompts(as_text, tokenizer, chat_column="chat")
+    with pytest.raises(ValueError, match="row 0: 'chat' has no user message"):
+        build_prompts(datasets.Dataset.from_list([{"chat": sft[:1]}]), tokenizer, chat_column="chat")
+    plain = build_tokenizer()
+    plain.chat_template = None
+    with pytest.raises(ValueError, match="needs a tokenizer with a chat template"):
+        build_prompts(rows, plain, chat_column="chat")
 
 
 def test_prompt_template_fields(tokenizer):

@@ -146,7 +146,7 @@ def _math_checker() -> Any:
 def run(config: CollectConfig) -> datasets.Dataset:
     """Collect (and optionally push) the trajectories a :class:`CollectConfig` describes; prints the summary line."""
 
-    from ..data.hub import push_trajectories_to_hub
+    from ..data.hub import create_trajectory_repo, push_trajectories_to_hub
     from ..data.processes import process_group
     from ..data.trajectories import collect_trajectories, collection_summary
     from ..models.auto import check_model_source
@@ -154,6 +154,8 @@ def run(config: CollectConfig) -> datasets.Dataset:
     check_dataset_source(config.dataset_name)  # one line instead of datasets' Hub traceback
     source = load_source_dataset(config.dataset_name, config.dataset_config, config.dataset_split)
     check_model_source(config.model_name_or_path, revision=config.model_revision)  # before the teacher loads
+    if config.push_to_hub and process_group()[0] == 0:  # no Hub access or token fails now, not after decoding
+        create_trajectory_repo(config.hub_model_id, private=config.hub_private_repo)
     if config.limit is not None:
         source = source.select(range(min(config.limit, len(source))))
     model_kwargs: dict[str, Any] = {"dtype": resolve_dtype(config.dtype)}

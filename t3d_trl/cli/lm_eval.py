@@ -21,10 +21,13 @@ from typing import Any
 
 
 def _resolve_data_files(data_files: Any, folder: Path) -> Any:
-    """Relative paths that exist next to the YAML, made absolute (others are left to lm_eval: Hub files, globs)."""
+    """Relative paths and globs that match next to the YAML, made absolute (others are left to lm_eval: Hub
+    files)."""
     if isinstance(data_files, str):
+        if Path(data_files).is_absolute():
+            return data_files
         local = folder / data_files
-        return str(local) if not Path(data_files).is_absolute() and local.exists() else data_files
+        return str(local) if local.exists() or any(folder.glob(data_files)) else data_files
     if isinstance(data_files, list):
         return [_resolve_data_files(item, folder) for item in data_files]
     if isinstance(data_files, dict):

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import datasets
 from huggingface_hub import DatasetCard, DatasetCardData
@@ -100,6 +101,14 @@ Also stored in this card's YAML header under `{METADATA_KEY}`.
     return DatasetCard(f"---\n{DatasetCardData(**data).to_yaml()}\n---\n{text}")
 
 
+def create_trajectory_repo(repo_id: str, *, private: bool | None = None, token: str | None = None) -> Any:
+    """Create (or find) the dataset repo ``repo_id``; its ``RepoUrl``. ``t3d-trl collect --push_to_hub`` calls it
+    before decoding, as the trainer does before training: no Hub access or no token fails at once, not after."""
+    from huggingface_hub import HfApi
+
+    return HfApi(token=token).create_repo(repo_id, repo_type="dataset", private=private, exist_ok=True)
+
+
 def push_trajectories_to_hub(
     dataset: datasets.Dataset,
     repo_id: str,
@@ -113,15 +122,12 @@ def push_trajectories_to_hub(
 
     ``metadata`` defaults to the one attached to ``dataset`` (as by :func:`t3d_trl.collect_trajectories`).
     """
-    from huggingface_hub import HfApi
-
     metadata = metadata or TrajectoryMetadata.from_dataset(dataset)
     if metadata is None:
         raise ValueError("the dataset carries no TrajectoryMetadata; pass metadata=...")
     if len(dataset) == 0:  # e.g. a collection whose filters dropped every row: a repo nobody can load from
         raise ValueError(f"the dataset has 0 rows: nothing to push to {repo_id}")
-    api = HfApi(token=token)
-    url = api.create_repo(repo_id, repo_type="dataset", private=private, exist_ok=True)
+    url = create_trajectory_repo(repo_id, private=private, token=token)
     repo_id = url.repo_id  # "traj" lands in the token owner's namespace: the card must name "owner/traj"
     dataset.push_to_hub(repo_id, private=private, token=token, commit_message=commit_message)
     base = DatasetCard.load(repo_id, repo_type="dataset", token=token)  # the card `datasets` just wrote

@@ -171,6 +171,10 @@ def build_prompts(
             raise ValueError(f"{name}={value!r} is not a column of the dataset; it has {columns}")
     if chat_column is not None and not use_chat_template:
         raise ValueError(f"chat_column={chat_column!r} needs use_chat_template=True")
+    if chat_column is not None and not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            f"chat_column={chat_column!r} needs a tokenizer with a chat template; this one has none"
+        )
     if keep_columns is None:
         keep = [c for c in columns if c not in TRAJECTORY_COLUMNS]
     else:
@@ -184,11 +188,14 @@ def build_prompts(
             )
     prompts: list[PromptRow] = []
     seen: dict[str, int] = {}
+    answered = 0  # conversations that go on after their last user turn
     from tqdm.auto import tqdm
 
     for index, row in enumerate(tqdm(dataset, desc="tokenising prompts", unit="prompt", leave=False)):
         if chat_column is not None:
-            text = tokenizer.apply_chat_template(row[chat_column], tokenize=False, add_generation_prompt=True)
+            messages = _conversation(row[chat_column], index, chat_column)
+            answered += len(messages) < len(row[chat_column])
+            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]  # the template holds its specials
         else:
             values = {**row, "problem": row[prompt_column]} if reads_problem else row
@@ -199,6 +206,8 @@ def build_prompts(
             except ValueError as err:
                 raise ValueError(f"row {index}: {err}") from err
             [text], [ids] = encode_prompts(tokenizer, [message], use_chat_template)
+        if id_column is not None and row[id_column] is None:
+            raise ValueError(f"row {index} has no id in column {id_column!r}; ids must be unique")
         row_id = str(row[id_column]) if id_column is not None else str(index)
         if row_id in seen:
             raise ValueError(
@@ -206,7 +215,29 @@ def build_prompts(
             )
         seen[row_id] = index
         prompts.append(PromptRow(index, row_id, text, list(ids), {c: row[c] for c in keep}))
+    if answered:
+        logger.warning(
+            "%d of %d conversations go on after their last user turn (a reference answer): their prompts stop "
+            "at that turn, the teacher writes the answer",
+            answered,
+            len(prompts),
+        )
     return prompts
+
+
+def _conversation(messages: Any, index: int, column: str) -> list[Any]:
+    """A chat column's messages up to the last user turn (the prompt the teacher answers), checked."""
+    if not isinstance(messages, (list, tuple)) or not all(
+        isinstance(m, dict) and "role" in m and "content" in m for m in messages
+    ):
+        raise ValueError(
+            f"row {index}: {column!r} holds {type(messages).__name__} {str(messages)[:60]!r}, not a list of "
+            "{'role', 'content'} messages (a JSON string must be parsed first)"
+        )
+    users = [i for i, message in enumerate(messages) if message["role"] == "user"]
+    if not users:
+        raise ValueError(f"row {index}: {column!r} has no user message to answer")
+    return list(messages[: users[-1] + 1])
 
 
 def drop_long_prompts(

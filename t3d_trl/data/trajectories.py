@@ -304,7 +304,7 @@ def _teacher_settings(
             "step, so the trajectories are not the teacher's exact decoding (the metadata records it)"
         )
     chat = options.use_chat_template and bool(getattr(tokenizer, "chat_template", None))
-    if options.use_chat_template and not chat:
+    if options.use_chat_template and not chat and options.chat_column is None:  # a chat column is refused
         logger.warning("the tokenizer has no chat template: prompts are the raw user messages")
     metadata = TrajectoryMetadata(
         teacher=teacher_name(getattr(model, "name_or_path", "") or "unknown"),

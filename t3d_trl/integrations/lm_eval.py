@@ -36,6 +36,7 @@ or from a shell, with exactly ``lm_eval``'s arguments and output: ``t3d-trl lm-e
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import math
@@ -51,6 +52,7 @@ from lm_eval.api.registry import register_model
 from tqdm.auto import tqdm
 
 from ..data.collator import DataCollatorForDiffusion, diffusion_attention_mask
+from ..diffusion.forward import max_positions
 from ..evaluation.metrics import throughput
 from ..evaluation.runner import generate_completions, load_model
 from ..generation.configuration import OUTPUT_FIELDS, DiffusionGenerationConfig
@@ -234,6 +236,7 @@ class DiffusionLM(TemplateLM):
         self.cfg = self.generation_config.cfg_scale  # one guidance scale for every request type
         self.stats: dict[str, float] = defaultdict(float)
         self.decoded_configs: list[dict[str, Any]] = []  # what generate_until ran with: distinct, in order
+        self._truncation_warned = False
 
     # ------------------------------------------------------------------------------------------ tokenisation
     @property
@@ -251,10 +254,21 @@ class DiffusionLM(TemplateLM):
         return str(getattr(self.tokenizer, "name_or_path", "") or self.pretrained_name).replace("/", "__")
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs: Any) -> list[int]:
+        """The ids of ``string``, after the tokens the tokenizer puts in front (BOS, ``[CLS]``) but never the
+        ones it puts after (``[SEP]``): lm-eval reads a continuation as the tail of ``context + continuation``."""
         if add_special_tokens is None:  # a chat rendering already starts with its BOS
             bos = self.tokenizer.bos_token
             add_special_tokens = not (bos and string.startswith(bos))
-        return self.tokenizer(string, add_special_tokens=add_special_tokens)["input_ids"]
+        ids = self.tokenizer(string, add_special_tokens=False)["input_ids"]
+        return self._prefix_ids + ids if add_special_tokens else ids
+
+    @functools.cached_property
+    def _prefix_ids(self) -> list[int]:
+        """The special tokens the tokenizer adds in front of a text, found on a probe."""
+        plain = self.tokenizer("a", add_special_tokens=False)["input_ids"]
+        full = self.tokenizer("a", add_special_tokens=True)["input_ids"]
+        starts = [i for i in range(len(full) - len(plain) + 1) if full[i : i + len(plain)] == plain]
+        return full[: starts[0]] if starts else []
 
     def chat_template(self, chat_template: bool | str = False) -> str | None:
         if chat_template is False or chat_template is None:
@@ -530,10 +544,28 @@ class DiffusionLM(TemplateLM):
         ):
             if not continuation:
                 raise ValueError(f"loglikelihood needs a non-empty continuation, got {pair!r}")
+            context = self._fitted_context(context, continuation)
             answer = (self._elbo(context, continuation, collator), self._greedy(context, continuation))
             self.cache_hook.add_partial("loglikelihood", pair, answer)
             results.append(answer)
         return results
+
+    def _fitted_context(self, context: list[int], continuation: list[int]) -> list[int]:
+        """``context`` cut from the left to fit the model's positions beside ``continuation`` (rounded up to
+        whole blocks, as the greedy check decodes it), as lm-eval's Hugging Face model truncates."""
+        limit = max_positions(self.model)
+        block = self.diffusion.block_size if self.diffusion.is_block_causal else len(continuation)
+        needed = math.ceil(len(continuation) / block) * block
+        if limit is None or len(context) + needed <= limit:
+            return context
+        if needed >= limit:
+            raise ValueError(
+                f"a continuation of {len(continuation)} tokens does not fit the model's {limit} positions"
+            )
+        if not self._truncation_warned:
+            self._truncation_warned = True
+            logger.warning("contexts longer than the model's %d positions are cut from the left", limit)
+        return context[len(context) + needed - limit :]
 
     def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
         raise NotImplementedError(
