@@ -353,3 +353,37 @@ def test_mapped_configs_reproduce_published_parameter_counts(raw, parameters, te
     assert sum(p.numel() for p in model.parameters()) == parameters
     if tensors is not None:
         assert len(model.state_dict()) == tensors
+
+
+@pytest.mark.parametrize("family", ["llada", "sdar", "dream"])
+def test_a_published_checkpoint_s_tokenizer_loads_without_remote_code_and_with_the_family_template(
+    tmp_path, family
+):
+    # AutoTokenizer read the published config.json, whose auto_map asked to run its code (a 15 s prompt on a
+    # terminal); the family's chat template fills in, as convert writes it.
+    from t3d_trl.models.auto import load_tokenizer
+
+    src, *_ = build_published(tmp_path / family, family)
+    tokenizer_config = json.loads((src / "tokenizer_config.json").read_text())
+    tokenizer_config.pop("chat_template", None)
+    (src / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    for name in ("chat_template.jinja", "chat_template.json"):
+        (src / name).unlink(missing_ok=True)
+    tokenizer = load_tokenizer(str(src))
+    assert (
+        tokenizer.chat_template
+        == get_family(json.loads((src / "config.json").read_text())["model_type"]).chat_template
+    )
+
+
+def test_config_keywords_reach_a_published_checkpoint_s_native_config(tmp_path):
+    # They crashed in the model's __init__ (the native config was passed as an object), where a converted copy
+    # takes them, as transformers does.
+    src, *_ = build_published(tmp_path / "dream", "dream")
+    model = AutoModelForDiffusionLM.from_pretrained(src, use_cache=False, attention_dropout=0.1)
+    assert model.config.use_cache is False and model.config.attention_dropout == 0.1
+    for keyword in ("config", "output_loading_info"):
+        with pytest.raises(ValueError, match=f"\\['{keyword}'\\] are not supported"):
+            AutoModelForDiffusionLM.from_pretrained(
+                src, **{keyword: model.config if keyword == "config" else True}
+            )

@@ -36,3 +36,17 @@ def test_auto_batch_size_fits_the_free_memory(tokenizer):
     # A longer canvas needs more memory per row.
     assert decoding_bytes_per_row(model, 512, 4) > 8 * per_row
     assert peak_memory_gb(torch.device("cpu")) is None
+
+
+def test_a_bidirectional_model_is_planned_at_the_block_it_decodes(tokenizer):
+    # The sampler ignores a bidirectional model's block_size (one block of max_new_tokens here); so does the plan.
+    from testing_utils import build_bidirectional_model
+
+    from t3d_trl import DiffusionConfig
+
+    model = build_bidirectional_model(tokenizer)
+    DiffusionConfig(tokenizer.mask_token_id, block_size=4).save_to_model_config(model.config)
+    assert model.diffusion_config.block_size == 4
+    config = DiffusionGenerationConfig(max_new_tokens=64)
+    per_row = decoding_bytes_per_row(model, 4 + 64 + 64, 64)
+    assert auto_batch_size(model, config, 4, free_bytes=3 * per_row, fraction=1.0) == 3

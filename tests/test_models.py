@@ -141,6 +141,18 @@ def test_peft_model_gets_diffusion_generate(tokenizer):
     assert not torch.equal(before, changed)  # the adapter takes part in every forward pass
 
 
+def test_from_config_of_a_bare_encoder_builds_a_masked_lm(tokenizer):
+    # ModernBertConfig has no causal-LM class: it went to AutoModelForCausalLM and failed.
+    from transformers import ModernBertConfig, ModernBertForMaskedLM
+
+    config = build_modernbert_model(tokenizer).config.to_dict()
+    config = ModernBertConfig(**{**config, "architectures": None})  # a fresh config: no head named
+    model = AutoModelForDiffusionLM.from_config(
+        config, diffusion_config=DiffusionConfig(tokenizer.mask_token_id)
+    )
+    assert isinstance(model, ModernBertForMaskedLM)
+
+
 def test_from_config_builds_a_ready_model(tokenizer):
     config = qwen3_config(tokenizer)
     model = AutoModelForDiffusionLM.from_config(
@@ -271,6 +283,39 @@ def saved_adapter(tmp_path, tokenizer):
         tmp_path / "lora"
     )
     return tmp_path
+
+
+def test_an_adapter_given_an_empty_generation_config_takes_the_class_defaults(saved_adapter):
+    # {} is a whole config, as for a model; it was falsy, and the adapter's saved defaults were kept.
+    from t3d_trl.models.auto import ADAPTER_DEFAULTS_FILE
+
+    defaults = saved_adapter / "lora" / ADAPTER_DEFAULTS_FILE
+    saved = json.loads(defaults.read_text()) if defaults.exists() else {}
+    saved["diffusion_generation"] = DiffusionGenerationConfig(max_new_tokens=8, temperature=0.5).to_dict()
+    defaults.write_text(json.dumps(saved))
+    lora = AutoModelForDiffusionLM.from_pretrained(saved_adapter / "lora")
+    assert lora.diffusion_generation_config.temperature == 0.5
+    loaded = AutoModelForDiffusionLM.from_pretrained(saved_adapter / "lora", generation_config={})
+    assert loaded.diffusion_generation_config == DiffusionGenerationConfig()
+
+
+def test_a_folder_without_tokenizer_files_is_named(tmp_path, tokenizer):
+    # transformers 5 builds a tokenizer of special tokens alone there: prompts encoded to [] and `generate`
+    # printed an empty answer.
+    from t3d_trl.models.auto import load_tokenizer
+
+    build_bidirectional_model(tokenizer).save_pretrained(tmp_path / "model")
+    with pytest.raises(OSError, match="model has no tokenizer files"):
+        load_tokenizer(str(tmp_path / "model"))
+
+
+def test_numpy_eos_ids_become_python_ints_that_save(tmp_path):
+    import numpy as np
+
+    config = DiffusionGenerationConfig(eos_token_id=(np.int64(2), np.int64(5)))
+    assert config.eos_token_id == [2, 5] and all(type(i) is int for i in config.eos_token_id)
+    assert type(DiffusionGenerationConfig(eos_token_id=np.int64(2)).eos_token_id) is int
+    json.dumps(config.to_dict())
 
 
 def test_adapter_loads_trainable_on_request(saved_adapter):

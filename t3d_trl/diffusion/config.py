@@ -25,8 +25,9 @@ class DiffusionConfig:
         mask_token_id: id of the mask token that marks positions still to be decoded.
         attention: ``"bidirectional"`` (LLaDA, Dream, BERT-style MLMs: every position sees every other) or
             ``"block_causal"`` (SDAR: a position sees its own block and all earlier blocks).
-        block_size: the attention block size of a block-causal model (SDAR: 4). Also the default decoding
-            block length. ``None`` for bidirectional models.
+        block_size: the attention block size of a block-causal model (SDAR: 4), also its default decoding
+            block length. ``None`` for bidirectional models (decoding ignores it there: their block length is
+            the generation config's ``block_length``).
         shift_logits: ``True`` when token ``i`` is predicted at position ``i - 1`` (Dream, a leftover of its
             autoregressive initialisation).
     """

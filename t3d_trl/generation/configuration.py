@@ -149,6 +149,12 @@ class DiffusionGenerationConfig:
         for value in eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos]:
             if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
                 raise TypeError(f"eos_token_id must be a token id or a list of them, got {eos!r}")
+        if isinstance(
+            eos, (list, tuple)
+        ):  # a list of Python ints: saves as JSON, compares after a round trip
+            self.eos_token_id = [int(value) for value in eos]
+        elif eos is not None:
+            self.eos_token_id = int(eos)
 
     def validate(self) -> None:
         """Check values that do not depend on the model or the prompt."""

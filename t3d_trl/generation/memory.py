@@ -69,9 +69,9 @@ def auto_batch_size(
         if device.type != "cuda":
             return DEFAULT_BATCH_SIZE
         free_bytes, _ = torch.cuda.mem_get_info(device)
-    block = (
-        config.block_length or getattr(model.diffusion_config, "block_size", None) or config.max_new_tokens
-    )
+    diffusion = model.diffusion_config  # the sampler's rule: a block size is a block-causal model's only
+    block = config.block_length or (diffusion.block_size if diffusion.is_block_causal else None)
+    block = block or config.max_new_tokens
     sampling, filtering = config.temperature > 0, config.top_k is not None or config.top_p is not None
     per_row = decoding_bytes_per_row(
         model, longest_prompt + config.max_new_tokens + block, block, sampling, filtering

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import zipfile
 from functools import cache
 from typing import Any
 
@@ -18,6 +17,7 @@ from transformers import (
     PreTrainedModel,
 )
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING
 
 from ..diffusion.config import CONFIG_KEY as DIFFUSION_KEY
 from ..diffusion.config import DiffusionConfig
@@ -28,9 +28,12 @@ from ..generation.mixin import DiffusionGenerationMixin
 from ..utils import without_checkpointing_deprecation
 from .convert import locate_weights
 from .families import FAMILIES, ModelFamily, get_family
-from .families.base import CONFIG_FILE, GENERATION_CONFIG_FILE, read_json
+from .families.base import CONFIG_FILE, GENERATION_CONFIG_FILE, has_vocabulary, read_json
+from .weights import check_weights
 
 # Keyword arguments of ``from_pretrained`` that also apply to loading a config or a tokenizer.
+# Keywords of from_pretrained that a config also holds: for the loader, not for the native config.
+_LOADER_KWARGS = ("dtype", "torch_dtype", "attn_implementation", "quantization_config", "trust_remote_code")
 _HUB_KWARGS = ("revision", "token", "cache_dir", "local_files_only", "trust_remote_code", "subfolder")
 # Keyword arguments that say where one checkpoint lives: an adapter's, not its base model's.
 _LOCATION_KWARGS = ("revision", "subfolder")
@@ -39,14 +42,6 @@ _PEFT_KWARGS = ("is_trainable", "adapter_name", "autocast_adapter_dtype", "ephem
 ADAPTER_CONFIG_FILE = "adapter_config.json"  # peft's
 #: An adapter folder has no ``config.json``: the trained decoding defaults and diffusion description go here.
 ADAPTER_DEFAULTS_FILE = "diffusion_config.json"
-#: The weights files transformers looks for in a model folder, in its order, and peft in an adapter folder.
-MODEL_WEIGHTS_FILES = (
-    "model.safetensors",
-    "model.safetensors.index.json",
-    "pytorch_model.bin",
-    "pytorch_model.bin.index.json",
-)
-ADAPTER_WEIGHTS_FILES = ("adapter_model.safetensors", "adapter_model.bin")
 # Keyword arguments of ``from_pretrained`` that load other weights than those: left to transformers to check.
 _OTHER_WEIGHTS_KWARGS = ("variant", "use_safetensors", "gguf_file", "state_dict")
 
@@ -140,75 +135,6 @@ def check_model_source(name_or_path: str, *, weights: bool = True, **hub_kwargs:
         )
 
 
-def file_problem(path: str | os.PathLike) -> str | None:
-    """Why ``path``, a checkpoint file something will load, is damaged; ``None`` when it looks whole. Cheap: reads
-    headers only. A ``.safetensors`` file must hold all the data its header describes; a torch-saved file
-    (``.bin``, ``.pt``, ``.pth``: a zip archive whose directory is at its end) must end as a zip (older pickle
-    files, which do not start as one, are not checked); a ``.json`` file must parse."""
-    from safetensors import safe_open
-
-    path = str(path)
-    try:
-        if path.endswith(".safetensors"):
-            with safe_open(path, framework="pt"):
-                pass
-        elif path.endswith((".bin", ".pt", ".pth")):
-            with open(path, "rb") as f:
-                head = f.read(4)
-            if not head:
-                return f"{path} is damaged (empty)"
-            if head == b"PK\x03\x04":
-                with zipfile.ZipFile(path) as archive:
-                    archive.infolist()
-        elif path.endswith(".json"):
-            with open(path, encoding="utf-8") as f:
-                json.load(f)
-    except Exception as err:  # noqa: BLE001 - safetensors, zipfile and json each raise their own types (and OSError)
-        return f"{path} is damaged ({type(err).__name__}: {' '.join(str(err).split())})"
-    return None
-
-
-def check_weights(folder: str, adapter: bool = False) -> None:
-    """Fail, naming the file, when a local checkpoint folder has no weights file or a damaged one.
-
-    Looks where transformers (peft, for an adapter) looks, in its order: ``model.safetensors``, a sharded
-    ``model.safetensors.index.json`` and every shard it lists, then ``pytorch_model.bin`` (or its index); for an
-    adapter ``adapter_model.safetensors`` or ``adapter_model.bin``. Only headers and sizes are read, so an
-    interrupted copy or download is named here rather than failing with a traceback once loading starts.
-
-    Raises:
-        FileNotFoundError: no weights file, or a shard its index lists is missing.
-        ValueError: a weights file (or index) is damaged.
-    """
-    names = ADAPTER_WEIGHTS_FILES if adapter else MODEL_WEIGHTS_FILES
-    if not adapter:  # a config may name its own weights file (transformers' ``transformers_weights``)
-        try:
-            with open(os.path.join(folder, CONFIG_FILE), encoding="utf-8") as f:
-                explicit = json.load(f).get("transformers_weights")
-        except (OSError, ValueError, AttributeError):
-            explicit = None  # a broken config.json: whatever reads it next reports it
-        names = (explicit,) if isinstance(explicit, str) else names
-    path = next((os.path.join(folder, n) for n in names if os.path.isfile(os.path.join(folder, n))), None)
-    if path is None:
-        raise FileNotFoundError(
-            f"{folder} has no weights file (none of {', '.join(names)}): not a complete checkpoint"
-        )
-    files = [path]
-    if path.endswith(".index.json"):
-        try:
-            with open(path, encoding="utf-8") as f:
-                files = [os.path.join(folder, n) for n in dict.fromkeys(json.load(f)["weight_map"].values())]
-        except (ValueError, KeyError, TypeError, AttributeError) as err:
-            raise ValueError(f"{path} is damaged (no readable weight_map: {err})") from err
-        missing = [file for file in files if not os.path.isfile(file)]
-        if missing:
-            raise FileNotFoundError(f"{missing[0]} is missing (a shard {path} lists)")
-    for file in files:
-        problem = file_problem(file)
-        if problem is not None:
-            raise ValueError(problem)
-
-
 def cached_checkpoint_file(name_or_path: str, **hub_kwargs: Any) -> str | None:
     """The path of Hub repo ``name_or_path``'s ``config.json`` (or a peft adapter's ``adapter_config.json``) in
     the local cache, at ``hub_kwargs``' ``revision``/``subfolder``/``cache_dir``; ``None`` when it is not cached.
@@ -257,12 +183,29 @@ def load_tokenizer(name_or_path: str, **hub_kwargs: Any) -> Any:
     ``hub_kwargs``: ``revision``, ``token``, ``trust_remote_code``... as ``AutoTokenizer.from_pretrained`` takes.
     """
     try:
-        return AutoTokenizer.from_pretrained(name_or_path, **hub_kwargs)
+        return _own_tokenizer(name_or_path, hub_kwargs)
     except (OSError, ValueError):
         base = adapter_base_model(name_or_path, **hub_kwargs)
         if base is None:
             raise
-        return AutoTokenizer.from_pretrained(base, **_base_kwargs(name_or_path, hub_kwargs))
+        return _own_tokenizer(base, _base_kwargs(name_or_path, hub_kwargs))
+
+
+def _own_tokenizer(name_or_path: str, hub_kwargs: dict[str, Any]) -> Any:
+    """The tokenizer saved in ``name_or_path``; a published family's read with its native config (no prompt for
+    remote code) and given the family's chat template when it has none. Raises ``OSError`` without one."""
+    raw = read_json(name_or_path, CONFIG_FILE, hub_kwargs, required=False) or {}
+    family = get_family(raw.get("model_type"))
+    if family is not None:
+        tokenizer = family.load_tokenizer(name_or_path, family.native_config(raw), hub_kwargs)
+        if tokenizer is not None and not tokenizer.chat_template:
+            tokenizer.chat_template = family.chat_template
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path, **hub_kwargs)
+    # transformers 5 builds a vocabulary-less tokenizer from the config when the files are missing.
+    if tokenizer is None or not has_vocabulary(tokenizer):
+        raise OSError(f"{name_or_path} has no tokenizer files (save the tokenizer beside the model)")
+    return tokenizer
 
 
 def read_adapter_defaults(name_or_path: str, hub_kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -387,8 +330,8 @@ def _load_adapter(
     base_kwargs = _base_kwargs(name_or_path, hf_kwargs)
     model = cls.from_pretrained(
         base,
-        diffusion_config=diffusion_config or saved.get(DIFFUSION_KEY),
-        generation_config=generation_config or saved.get(GENERATION_KEY),
+        diffusion_config=diffusion_config if diffusion_config is not None else saved.get(DIFFUSION_KEY),
+        generation_config=generation_config if generation_config is not None else saved.get(GENERATION_KEY),
         use_remote_code=use_remote_code,
         **base_kwargs,
     )
@@ -462,7 +405,17 @@ def _check_model_type(name_or_path: str, raw: dict[str, Any], trust_remote_code:
 
 
 def _is_masked_lm(config: Any) -> bool:
-    return any(arch.endswith("ForMaskedLM") for arch in (getattr(config, "architectures", None) or []))
+    """An encoder MLM: its architecture says so, or (a bare encoder such as ``ModernBertModel``, a fresh config)
+    transformers has a masked-LM head for its config and nothing calls it a decoder."""
+    architectures = getattr(config, "architectures", None) or []
+    if any(arch.endswith("ForMaskedLM") for arch in architectures):
+        return True
+    causal = any(arch.endswith(("ForCausalLM", "LMHeadModel")) for arch in architectures)
+    return (
+        type(config) in MODEL_FOR_MASKED_LM_MAPPING
+        and not causal
+        and not getattr(config, "is_decoder", False)
+    )
 
 
 class AutoModelForDiffusionLM:
@@ -515,6 +468,12 @@ class AutoModelForDiffusionLM:
         """
         peft_kwargs = {k: hf_kwargs.pop(k) for k in _PEFT_KWARGS if k in hf_kwargs}
         hub_kwargs = {k: hf_kwargs[k] for k in _HUB_KWARGS if k in hf_kwargs}
+        refused = sorted(k for k in ("output_loading_info", "config", "key_mapping") if hf_kwargs.get(k))
+        if refused:  # a published family loads through a native config and key mapping of its own
+            raise ValueError(
+                f"{refused} are not supported by AutoModelForDiffusionLM.from_pretrained; pass config values as "
+                "keywords (use_cache=False, ...) and load with transformers' own classes for the rest"
+            )
         trust_remote_code = bool(hf_kwargs.get("trust_remote_code"))
         if use_remote_code and not trust_remote_code:
             raise ValueError(
@@ -543,6 +502,9 @@ class AutoModelForDiffusionLM:
         family = get_family(raw.get("model_type"))
         if family is not None:
             native = family.native_config(raw)  # validates the published config before anything loads
+            # Config values given as keywords go onto the native config, as transformers applies them without one.
+            for key in [k for k in hf_kwargs if k in native.to_dict() and k not in _LOADER_KWARGS]:
+                setattr(native, key, hf_kwargs.pop(key))
             diffusion_config, generation_config = _family_defaults(
                 family,
                 pretrained_model_name_or_path,

@@ -37,13 +37,8 @@ from transformers.utils import (
     CONFIG_NAME,
 )
 
-from ..models.auto import (
-    ADAPTER_CONFIG_FILE,
-    ADAPTER_WEIGHTS_FILES,
-    MODEL_WEIGHTS_FILES,
-    check_weights,
-    file_problem,
-)
+from ..models.auto import ADAPTER_CONFIG_FILE
+from ..models.weights import ADAPTER_WEIGHTS_FILES, MODEL_WEIGHTS_FILES, check_weights, file_problem
 
 logger = logging.getLogger(__name__)
 

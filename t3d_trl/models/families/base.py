@@ -179,7 +179,7 @@ class ModelFamily:
         else:
             # Without tokenizer files transformers 5 builds the config's tokenizer class from scratch: special
             # tokens only, no vocabulary.
-            if not set(tokenizer.get_vocab()) <= set(tokenizer.all_special_tokens):
+            if has_vocabulary(tokenizer):
                 return tokenizer
             reason = "no tokenizer files: the tokenizer has no vocabulary"
         logger.warning(
@@ -261,6 +261,12 @@ class ModelFamily:
         # transformers would undo the renames on save_pretrained, writing published names under a native config.
         model._weight_conversions = []
         return model
+
+
+def has_vocabulary(tokenizer: Any) -> bool:
+    """Whether ``tokenizer`` knows more than its special tokens (transformers 5 builds a tokenizer of special
+    tokens alone from a config when a folder has no tokenizer files)."""
+    return not set(tokenizer.get_vocab()) <= set(tokenizer.all_special_tokens)
 
 
 def _causal_lm_class(config: PretrainedConfig) -> type:
