@@ -15,7 +15,9 @@ from t3d_trl.demo.quickstart import QuickstartConfig
 def test_quickstart_fast_runs_every_stage(tmp_path, capsys):
     out = tmp_path / "demo"
     argv = ["quickstart", "--fast", "--output_dir", str(out), "--methods", "t3d", "td", "--threads", "1"]
+    (out / "eval" / "samples" / "old-student").mkdir(parents=True)  # an earlier run's rows: not this run's
     assert main(argv) == 0
+    assert not (out / "eval" / "samples" / "old-student").exists()
     printed = capsys.readouterr().out
     assert "| teacher |" in printed and "| t3d |" in printed and "| td |" in printed
     assert "--fast is a smoke run of every stage, not a distillation" in printed  # says what a small run does
@@ -146,3 +148,70 @@ def test_packaged_teacher_tc_rises_with_the_jump(tmp_path):
     assert tc[1] == 0.0  # one token per step: nothing to factorize
     assert tc[2] < tc[4] < tc[8]
     assert tc[8] > 1.0  # a one-step jump over the whole block mixes the two sorting orders
+
+
+def test_settings_are_checked_before_the_teacher_and_duplicates_refused(tmp_path, monkeypatch):
+    import t3d_trl.demo.quickstart as quickstart
+
+    for settings, message in (
+        ({"methods": ["t3d", "t3d"]}, r"methods \['t3d', 't3d'\] names one value twice"),
+        ({"eval_tokens_per_step": [2, 2]}, "eval_tokens_per_step .* names one value twice"),
+        ({"threads": 0}, "threads must be a positive number"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            QuickstartConfig(**settings)
+    # A distillation setting T3DConfig refuses used to fail after the teacher (and earlier students) trained.
+    monkeypatch.setattr(quickstart, "load_teacher", lambda *a: pytest.fail("the teacher stage ran"))
+    with pytest.raises(ValueError, match="beta"):
+        quickstart.run_quickstart(
+            QuickstartConfig(fast=True, methods=["td", "t3d"], beta=-1.0, output_dir=str(tmp_path))
+        )
+
+
+def test_a_rerun_replaces_only_what_the_demo_wrote(tmp_path, caplog):
+    import logging
+
+    from t3d_trl.demo.quickstart import RUN_RECORD, _claim_output
+
+    # A folder holding a model the demo did not write is refused (it was deleted with a warning).
+    (tmp_path / "mine" / "t3d").mkdir(parents=True)
+    with pytest.raises(FileExistsError, match=r"holds \['t3d'\] but no earlier quickstart run"):
+        _claim_output(QuickstartConfig(methods=["t3d"]), tmp_path / "mine")
+    # The demo's own folder: trajectories of another seed are collected again, not refused after the teacher.
+    out = tmp_path / "demo"
+    out.mkdir()
+    _claim_output(QuickstartConfig(fast=True), out)
+    (out / "trajectories").mkdir()
+    _claim_output(QuickstartConfig(fast=True, distill_steps=8), out)  # the students' settings keep them
+    assert json.loads((out / RUN_RECORD).read_text())["seed"] == 0 and (out / "trajectories").exists()
+    with caplog.at_level(logging.WARNING, logger="t3d_trl"):
+        _claim_output(QuickstartConfig(fast=True, seed=1), out)
+    assert not (out / "trajectories").exists() and "['seed'] changed since the last run" in caplog.text
+
+
+def test_a_teacher_of_another_task_is_refused(tmp_path):
+    from t3d_trl.demo import get_task
+    from t3d_trl.demo.quickstart import PACKAGED_TEACHERS, load_teacher
+
+    config = QuickstartConfig(teacher=str(PACKAGED_TEACHERS / "wordsort"))
+    with pytest.raises(ValueError, match="has another vocabulary than the sort2 task's"):
+        load_teacher(get_task("sort2"), config, tmp_path)
+
+
+def test_one_yaml_value_of_a_list_option_is_a_list(tmp_path):
+    recipe = tmp_path / "quickstart.yaml"
+    recipe.write_text("methods: td\neval_tokens_per_step: 2\n")
+    (config,) = parse_recipe([QuickstartConfig], ["--config", str(recipe)], "quickstart", "")
+    assert config.methods == ["td"] and config.eval_tokens_per_step == [2]  # ['t', 'd'] and a traceback
+
+
+def test_ctrl_c_stops_the_quickstart_with_one_line(monkeypatch, capsys):
+    import t3d_trl.demo.quickstart as quickstart
+
+    def interrupted(config):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(quickstart, "run_quickstart", interrupted)
+    assert main(["quickstart", "--fast"]) == 130
+    err = capsys.readouterr().err
+    assert "t3d-trl quickstart: interrupted; rerun the same command" in err and "Traceback" not in err

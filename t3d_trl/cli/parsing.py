@@ -194,7 +194,7 @@ def _as_flag_value(action: argparse.Action, key: str, value: Any) -> Any:
             )
             raise RecipeError(f"recipe key {key}: invalid choice {item!r} (choose from {choices}){hint}")
         out.append(converted)
-    return out if many and isinstance(value, list) else out[0]
+    return out if many else out[0]  # one YAML value of a list option is a list of one (`methods: td`)
 
 
 def parse_recipe(

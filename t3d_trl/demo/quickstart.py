@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -123,6 +124,12 @@ class QuickstartConfig:
             raise ValueError(f"unknown methods {unknown}; choose from {list(METHODS)}")
         if not self.methods:
             raise ValueError("methods must name at least one distillation method")
+        for name in ("methods", "eval_tokens_per_step"):  # each would be run (and reported) twice
+            values = getattr(self, name)
+            if len(set(values)) < len(values):
+                raise ValueError(f"{name} {values} names one value twice")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be a positive number (or unset: all cores), got {self.threads}")
         if self.teacher and self.train_teacher:
             raise ValueError("give a teacher or train_teacher, not both: train_teacher trains a new one")
         # The evaluation budgets are checked here, not after the teacher and the students have trained.
@@ -225,6 +232,11 @@ def load_teacher(task: DemoTask, config: QuickstartConfig, output: Path) -> tupl
             raise FileNotFoundError(f"no teacher checkpoint at {path} (config.json missing)")
         logger.warning("no packaged teacher for %s: training one (%d steps)", task.name, config.teacher_steps)
         return train_teacher(task, config, output / "teacher"), "trained here"
+    if (path / "tokenizer.json").is_file():  # a teacher of another task reads the prompts as other tokens
+        from ..models.auto import load_tokenizer
+
+        if load_tokenizer(str(path)).get_vocab() != task.tokenizer().get_vocab():
+            raise ValueError(f"the teacher at {path} has another vocabulary than the {task.name} task's")
     # Recorded absolute: the playground and a reader find it from any working directory.
     return AutoModelForDiffusionLM.from_pretrained(path).eval(), str(path.resolve())
 
@@ -256,6 +268,22 @@ def collect(
     return dataset
 
 
+def distill_args(
+    method: str, task: DemoTask, config: QuickstartConfig, output: Path, **overrides: Any
+) -> Any:
+    """The ``T3DConfig`` that :func:`distill` trains ``method`` with: built (and checked) before the teacher."""
+    from ..trainer.t3d_config import OBJECTIVE_SETTINGS
+
+    settings: dict[str, Any] = dict(loss_type=method, block_length=task.block_length)
+    # The demo's objective settings (TokPS, DDO's, the path weight) that this objective reads.
+    settings |= {
+        name: getattr(config, name)
+        for name, readers in OBJECTIVE_SETTINGS.items()
+        if method in readers and hasattr(config, name)
+    }
+    return _training_args(config, output / method, **{**settings, **overrides})
+
+
 def distill(
     method: str,
     teacher: torch.nn.Module,
@@ -269,18 +297,10 @@ def distill(
     """A fresh copy of the teacher distilled with ``loss_type=method``; ``overrides`` are further ``T3DConfig``
     settings (the tuning study in ``benchmarks/sweep_demo_distillation.py`` uses them) and ``callbacks`` trainer
     callbacks (the method study's :class:`~t3d_trl.trainer.EvaluateAtSteps` gives its learning curves)."""
-    from ..trainer.t3d_config import OBJECTIVE_SETTINGS
     from ..trainer.t3d_trainer import T3DTrainer
 
     student = copy.deepcopy(teacher).train()
-    settings: dict[str, Any] = dict(loss_type=method, block_length=task.block_length)
-    # The demo's objective settings (TokPS, DDO's, the path weight) that this objective reads.
-    settings |= {
-        name: getattr(config, name)
-        for name, readers in OBJECTIVE_SETTINGS.items()
-        if method in readers and hasattr(config, name)
-    }
-    args = _training_args(config, output / method, **{**settings, **overrides})
+    args = distill_args(method, task, config, output, **overrides)
     trainer = T3DTrainer(
         model=student,
         args=args,
@@ -322,6 +342,7 @@ def evaluate(
 ):
     from ..evaluation.runner import run_grid
 
+    shutil.rmtree(output / "eval", ignore_errors=True)  # the demo's own: it describes this run only
     output.mkdir(parents=True, exist_ok=True)
     data_file = output / "eval_prompts.jsonl"
     data_file.write_text("".join(json.dumps(row) + "\n" for row in rows))
@@ -389,6 +410,46 @@ def _metric(grid: Any, model: str, label: str, name: str = "accuracy") -> float:
     raise KeyError(f"no result for {model} at {label}")
 
 
+#: The settings a run's teacher and trajectories follow from: a rerun that changes one replaces them.
+DATA_SETTINGS = (
+    "task",
+    "teacher",
+    "train_teacher",
+    "teacher_steps",
+    "teacher_learning_rate",
+    "batch_size",
+    "seed",
+    "num_trajectories",
+    "trajectory_temperature",
+)
+RUN_RECORD = "quickstart.json"
+
+
+def _claim_output(config: QuickstartConfig, output: Path) -> None:
+    """Make ``output`` this run's: a folder of an earlier demo run (its ``quickstart.json``, or the
+    ``results.json`` of a run before that record) has its trajectories replaced when the settings they follow
+    from changed; a folder the demo did not write is refused where a student would overwrite a model."""
+    record, results = output / RUN_RECORD, output / "results.json"
+    earlier = json.loads(record.read_text()) if record.is_file() else None
+    if earlier is None and results.is_file():
+        earlier = json.loads(results.read_text()).get("config")
+    current = json.loads(json.dumps(asdict(config)))
+    if earlier is None:
+        taken = [name for name in (*config.methods, "trajectories") if (output / name).exists()]
+        if taken:
+            raise FileExistsError(
+                f"{output} holds {taken} but no earlier quickstart run ({RUN_RECORD}): use a new output_dir"
+            )
+    else:
+        changed = [key for key in DATA_SETTINGS if earlier.get(key) != current.get(key)]
+        if changed and (output / "trajectories").exists():
+            logger.warning(
+                "%s changed since the last run in %s: collecting the trajectories again", changed, output
+            )
+            shutil.rmtree(output / "trajectories")
+    record.write_text(json.dumps(current, indent=2))
+
+
 def run_quickstart(config: QuickstartConfig) -> dict[str, Any]:
     """Run the whole demo; returns (and writes to ``output_dir/results.json``) every number it reports."""
     if config.threads:
@@ -404,6 +465,9 @@ def run_quickstart(config: QuickstartConfig) -> dict[str, Any]:
         timings[stage] = round(time.perf_counter() - start - sum(timings.values()), 1)
         logger.info("%s done in %.1f s", stage, timings[stage])
 
+    for method in config.methods:  # a bad setting fails now, not after the teacher and earlier students
+        distill_args(method, task, config, output)
+    _claim_output(config, output)
     train_rows, eval_rows = split_rows(task, config)
     teacher, teacher_source = load_teacher(task, config, output)
     lap("teacher")
