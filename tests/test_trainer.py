@@ -21,6 +21,7 @@ from safetensors import safe_open
 from testing_utils import (
     build_bidirectional_model,
     build_block_causal_model,
+    build_tokenizer,
     build_trajectories,
     qwen3_config,
 )
@@ -455,6 +456,22 @@ def test_model_card_lists_the_settings_the_run_used(tokenizer, trajectories, tmp
     assert departed["student_state_ratio"] == 0.25 and departed["student_state_labels"] == "rollout"
     assert card(loss_type="dparallel", certainty_weight=3.0)["certainty_weight"] == 3.0
     assert "overwrite_output_dir" not in departed  # how the run was carried out, not a setting of the model
+    # The quick start decodes a training prompt (a math question was all [UNK] for a task's own tokenizer), and
+    # "other budgets" names a budget other than the model's own.
+    plain = build_tokenizer()
+    plain.chat_template = None  # a task's own tokenizer, as the demo's
+    args = config(tmp_path, loss_type="td")
+    trainer = T3DTrainer(
+        build_bidirectional_model(plain, seed=1),
+        args,
+        train_dataset=trajectories["bidirectional"],
+        processing_class=plain,
+    )
+    trainer.create_model_card()
+    text = (Path(args.output_dir) / "README.md").read_text()
+    first = plain.decode(trajectories["bidirectional"][0]["prompt_ids"], skip_special_tokens=True).strip()
+    assert f"inputs = tokenizer({json.dumps(first)}, " in text and "12 * 7" not in text
+    assert "tokens_per_step=1)`" in text
 
 
 def test_model_card_names_hub_datasets_and_base_models_only(tokenizer, trajectories, tmp_path, monkeypatch):

@@ -119,8 +119,10 @@ def write_model_card(
     dataset_name: str | None,
     adapter: bool,
     chat_template: bool,
+    example_prompt: str | None = None,
 ) -> None:
-    """Write ``output_dir/README.md`` for a model whose (inner) config is ``model_config``."""
+    """Write ``output_dir/README.md`` for a model whose (inner) config is ``model_config``; its quick start decodes
+    ``example_prompt`` (a training prompt: a math question reads as unknown tokens to a task's own tokenizer)."""
     from huggingface_hub import ModelCard, ModelCardData
     from trl.trainer.utils import get_config_model_id
 
@@ -141,6 +143,7 @@ def write_model_card(
         dataset_name=dataset_name,
         adapter=adapter,
         chat_template=chat_template,
+        example_prompt=example_prompt or "What is 12 * 7? Put the answer in \\boxed{}.",
         distilled=args.loss_type != "mdlm",
         objective=OBJECTIVES[args.loss_type].format(paper=paper["title"])
         if args.loss_type in OBJECTIVES

@@ -543,4 +543,17 @@ class T3DTrainer(DataMixin, MetricsMixin, _BaseTrainer):
             dataset_name=dataset_name,
             adapter=is_peft_model(model),
             chat_template=bool(getattr(self.processing_class, "chat_template", None)),
+            example_prompt=_first_prompt(self.train_dataset, self.processing_class),
         )
+
+
+def _first_prompt(dataset: Any, tokenizer: Any) -> str | None:
+    """The first training row's prompt as text (decoded from its ``prompt_ids``), for the model card's quick
+    start; ``None`` without a tokenizer or such a row."""
+    if tokenizer is None or "prompt_ids" not in (getattr(dataset, "column_names", None) or []):
+        return None
+    try:
+        first = next(iter(dataset))
+    except StopIteration:
+        return None
+    return tokenizer.decode(first["prompt_ids"], skip_special_tokens=True).strip() or None
