@@ -143,7 +143,7 @@ def write_model_card(
         dataset_name=dataset_name,
         adapter=adapter,
         chat_template=chat_template,
-        example_prompt=example_prompt or "What is 12 * 7? Put the answer in \\boxed{}.",
+        example_prompt=example_prompt,  # the template's math question without one
         distilled=args.loss_type != "mdlm",
         objective=OBJECTIVES[args.loss_type].format(paper=paper["title"])
         if args.loss_type in OBJECTIVES
