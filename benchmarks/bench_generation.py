@@ -126,7 +126,7 @@ def cache_accuracy(args) -> dict[str, float | int | str]:
     from t3d_trl import AutoModelForDiffusionLM
     from t3d_trl.demo.quickstart import PACKAGED_TEACHERS, QuickstartConfig, teacher_rows
     from t3d_trl.demo.tasks import get_task
-    from t3d_trl.evaluation.runner import generate_completions
+    from t3d_trl.evaluation.completions import generate_completions
 
     task = get_task(args.task)
     teacher = args.teacher or str(PACKAGED_TEACHERS / task.name)

@@ -22,8 +22,9 @@ from t3d_trl.cli.main import main
 from t3d_trl.data.prompts import format_user_message
 from t3d_trl.demo.quickstart import PACKAGED_TEACHERS
 from t3d_trl.evaluation.benchmarks import Benchmark
+from t3d_trl.evaluation.completions import generate_completions
 from t3d_trl.evaluation.grid import GRID_FIELDS
-from t3d_trl.evaluation.runner import generate_completions, load_model
+from t3d_trl.evaluation.runner import load_model
 from t3d_trl.generation.configuration import DiffusionGenerationConfig
 from t3d_trl.models.auto import saved_decoding_defaults
 

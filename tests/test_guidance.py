@@ -168,7 +168,7 @@ def test_cfg_scale_from_the_command_line(tmp_path, tokenizer, benchmark_files, c
     """``--cfg_scale`` (a flag derived from the dataclass) reaches generate's decoding, eval's results and collect's
     manifest."""
     from t3d_trl.cli.main import main
-    from t3d_trl.evaluation.runner import generate_completions
+    from t3d_trl.evaluation.completions import generate_completions
 
     model = _varied(build_bidirectional_model, tokenizer)
     path = tmp_path / "tiny"

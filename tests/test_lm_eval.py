@@ -21,7 +21,7 @@ from t3d_trl.cli.main import main as cli_main
 from t3d_trl.demo import get_task
 from t3d_trl.demo.quickstart import PACKAGED_TEACHERS
 from t3d_trl.evaluation.benchmarks import BENCHMARKS, Benchmark
-from t3d_trl.evaluation.runner import generate_completions
+from t3d_trl.evaluation.completions import generate_completions
 from t3d_trl.integrations.lm_eval import DiffusionLM
 
 TASKS = Path(__file__).parent / "data" / "lm_eval"

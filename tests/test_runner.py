@@ -21,8 +21,9 @@ from t3d_trl import DiffusionGenerationConfig, DiffusionGenerationOutput
 from t3d_trl.data.prompts import render_prompt
 from t3d_trl.evaluation import runner
 from t3d_trl.evaluation.benchmarks import BENCHMARKS, Benchmark, get_benchmark, register_benchmark
+from t3d_trl.evaluation.completions import Generations, generate_completions
 from t3d_trl.evaluation.grid import DecodingSetting, grid_settings
-from t3d_trl.evaluation.runner import Generations, evaluate_model, generate_completions, run_grid
+from t3d_trl.evaluation.runner import evaluate_model, run_grid
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -12,7 +12,7 @@ from testing_utils import build_bidirectional_model, build_block_causal_model, b
 
 from t3d_trl import DiffusionIteratorStreamer, DiffusionStreamer, TerminalStreamer
 from t3d_trl.demo.quickstart import PACKAGED_TEACHERS
-from t3d_trl.generation.streamers import MASK_GLYPH, token_pieces, token_separator
+from t3d_trl.generation.streamers import MASK_GLYPH, _terminal_rows, token_pieces, token_separator
 
 PROMPTS = ["hi", "hello there", "a much longer prompt!"]
 
@@ -164,7 +164,7 @@ def test_one_streamer_sees_every_batch_of_a_job_and_ends_once(tokenizer, monkeyp
     # over it used to stop after the first batch), and its own time is not decoding time.
     import time
 
-    from t3d_trl.evaluation.runner import generate_completions
+    from t3d_trl.evaluation.completions import generate_completions
 
     clock = {"offset": 0.0}
     real = time.perf_counter
@@ -301,9 +301,19 @@ def test_terminal_streamer_measures_the_terminal_it_draws_on(tokenizer, monkeypa
     assert written[1].startswith("\x1b[1A\r")  # one canvas row and the status row: back up one
 
 
+def test_terminal_rows_count_wide_characters_twice():
+    # A Chinese or Japanese answer fills a terminal row in half as many characters; counting characters would
+    # move the redraw up too few rows and leave stale canvases behind.
+    assert _terminal_rows("数学题答案是", 10) == 2  # six wide characters: 12 columns
+    assert _terminal_rows("\x1b[1;7mabcdef\x1b[0m", 10) == 1  # escapes take no column
+    assert _terminal_rows("e\u0301" * 10, 10) == 1  # a combining accent takes none either
+    assert _terminal_rows("ab\n" + "x" * 21, 10) == 4
+
+
 def test_generate_show_steps_draws_every_pass_then_the_totals(capsys):
     from t3d_trl.cli.main import main
-    from t3d_trl.evaluation.runner import generate_completions, load_model
+    from t3d_trl.evaluation.completions import generate_completions
+    from t3d_trl.evaluation.runner import load_model
 
     path = str(PACKAGED_TEACHERS / "sort2")
     prompt = "h c a f b e d g ="

@@ -7,7 +7,7 @@ Decoding flags left out keep the settings saved with the model. The completion g
 ``--verbose`` the decoding statistics (NFE, tokens, tokens per step, finished, time, tokens/s) go to stderr on one
 line; ``--show_steps`` draws the canvas on stderr after every forward pass (redrawn in place on a terminal), then
 that line. This is
-:func:`t3d_trl.evaluation.runner.generate_completions` on one prompt.
+:func:`t3d_trl.evaluation.completions.generate_completions` on one prompt.
 """
 
 from __future__ import annotations
@@ -77,7 +77,8 @@ def main(argv: list[str]) -> int:
     import torch
 
     from ..data.prompts import format_user_message
-    from ..evaluation.runner import generate_completions, load_model
+    from ..evaluation.completions import generate_completions
+    from ..evaluation.runner import load_model
     from ..generation.streamers import TerminalStreamer
 
     message = format_user_message(args.template, {"problem": prompt})

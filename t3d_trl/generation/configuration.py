@@ -145,14 +145,15 @@ class DiffusionGenerationConfig:
             if not isinstance(value, bool) and type(value).__name__ != "bool_":  # numpy's bool too
                 raise TypeError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
             setattr(self, name, bool(value))
+        # One id or a list of them; a list stays a list of Python ints (saves as JSON, compares after a round trip).
         eos = self.eos_token_id
-        for value in eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos]:
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-                raise TypeError(f"eos_token_id must be a token id or a list of them, got {eos!r}")
-        if isinstance(
-            eos, (list, tuple)
-        ):  # a list of Python ints: saves as JSON, compares after a round trip
-            self.eos_token_id = [int(value) for value in eos]
+        ids = [] if eos is None else list(eos) if isinstance(eos, (list, tuple)) else [eos]
+        if any(
+            isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0 for value in ids
+        ):
+            raise TypeError(f"eos_token_id must be a token id or a list of them, got {eos!r}")
+        if isinstance(eos, (list, tuple)):
+            self.eos_token_id = [int(value) for value in ids]
         elif eos is not None:
             self.eos_token_id = int(eos)
 

@@ -183,12 +183,16 @@ def cache_settings(config: DiffusionGenerationConfig) -> tuple[bool, str]:
 
 
 def _check_model(
-    model: torch.nn.Module, diffusion: DiffusionConfig, config: DiffusionGenerationConfig, valid: torch.Tensor
+    model: torch.nn.Module,
+    diffusion: DiffusionConfig,
+    config: DiffusionGenerationConfig,
+    valid: torch.Tensor,
+    eos_ids: list[int],
 ) -> None:
     """Refuse settings the model cannot decode with, naming the value."""
     vocab = checked_vocab_size(model, diffusion)
     for name, ids in (
-        ("eos_token_id", eos_token_ids(model, config)),
+        ("eos_token_id", eos_ids),
         ("pad_token_id", [config.pad_token_id]),
     ):
         bad = [i for i in ids if i is not None and not 0 <= i < vocab or i == diffusion.mask_token_id]
@@ -278,8 +282,8 @@ def _generate(
     block_length, steps_per_block = config.resolve(
         diffusion.block_size if diffusion.is_block_causal else None
     )
-    _check_model(model, diffusion, config, valid)
     eos_ids = eos_token_ids(model, config)
+    _check_model(model, diffusion, config, valid, eos_ids)
     pad_id = config.pad_token_id
     if pad_id is None:
         pad_id = eos_ids[0] if eos_ids else (getattr(model.config, "pad_token_id", None) or 0)
@@ -388,9 +392,8 @@ def denoise_step(
         )
     row_active = masked.any(-1)
     if config.threshold is None:
-        row_active &= (
-            quota > 0
-        )  # a row with nothing scheduled now would skip this step alone: not its forward
+        # A row with nothing scheduled now would skip this step alone: not its forward.
+        row_active &= quota > 0
         commit = select_static(score, masked, quota)
         step_ids = torch.full_like(state.nfe, step_id)
     else:

@@ -21,6 +21,7 @@ import re
 import shutil
 import sys
 import time
+import unicodedata
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -283,11 +284,7 @@ def _columns(stream: TextIO) -> int:
     """The width of the terminal ``stream`` draws on (standard output may be a file while it is a terminal)."""
     try:
         return os.get_terminal_size(stream.fileno()).columns
-    except (
-        AttributeError,
-        OSError,
-        ValueError,
-    ):  # no file descriptor (io.UnsupportedOperation is an OSError)
+    except (AttributeError, OSError, ValueError):  # no descriptor; io.UnsupportedOperation is an OSError
         return shutil.get_terminal_size().columns
 
 
@@ -295,4 +292,12 @@ def _terminal_rows(text: str, width: int) -> int:
     """Rows ``text`` (ANSI escapes included) takes on a terminal ``width`` columns wide, wrapped lines counted."""
     width = max(width, 1)
     visible = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", text)
-    return sum(max(1, -(-len(line) // width)) for line in visible.split("\n"))
+    return sum(max(1, -(-_display_width(line) // width)) for line in visible.split("\n"))
+
+
+def _display_width(line: str) -> int:
+    """Terminal columns of ``line``: East Asian wide and full-width characters take two, combining marks none."""
+    return sum(
+        0 if unicodedata.combining(char) else 2 if unicodedata.east_asian_width(char) in "WF" else 1
+        for char in line
+    )

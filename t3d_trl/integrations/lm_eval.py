@@ -12,7 +12,7 @@
 or from a shell, with exactly ``lm_eval``'s arguments and output: ``t3d-trl lm-eval --model t3d ...``.
 
 * ``generate_until`` decodes with ``diffusion_generate`` (through
-  :func:`t3d_trl.evaluation.runner.generate_completions`, the code path of ``t3d-trl eval``). Every
+  :func:`t3d_trl.evaluation.completions.generate_completions`, the code path of ``t3d-trl eval``). Every
   :class:`~t3d_trl.generation.DiffusionGenerationConfig` field is a model argument (``block_length``,
   ``tokens_per_step``, ``steps``, ``threshold``, ``remasking``, ``use_cache``, ``temperature``...); fields left out
   keep the settings saved with the model. The task's ``until`` strings cut the completion; its ``max_gen_toks`` is
@@ -53,8 +53,9 @@ from tqdm.auto import tqdm
 
 from ..data.collator import DataCollatorForDiffusion, diffusion_attention_mask
 from ..diffusion.forward import max_positions
+from ..evaluation.completions import generate_completions
 from ..evaluation.metrics import throughput
-from ..evaluation.runner import generate_completions, load_model
+from ..evaluation.runner import load_model
 from ..generation.configuration import OUTPUT_FIELDS, DiffusionGenerationConfig
 from ..generation.guidance import guide_logits
 from ..models.diffusion_config import DiffusionConfig

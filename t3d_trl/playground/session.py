@@ -312,9 +312,9 @@ def decode_one(
     events: queue.Queue | None = None,
     column: int = 0,
 ) -> Any:
-    """One column's decoding of ``prompt``: :func:`~t3d_trl.evaluation.runner.generate_completions` with the
+    """One column's decoding of ``prompt``: :func:`~t3d_trl.evaluation.completions.generate_completions` with the
     column's settings over the model's saved ones (streamed to ``events`` when given)."""
-    from ..evaluation.runner import generate_completions
+    from ..evaluation.completions import generate_completions
 
     if not prompt.strip():
         raise ValueError("the prompt is empty: type one first")
