@@ -342,6 +342,36 @@ def test_long_contexts_are_cut_from_the_left_to_fit_the_model(tokenizer, caplog)
         lm._fitted_context(context, list(range(10, 42)))
 
 
+def test_generate_until_cuts_long_contexts_from_the_left(tokenizer, caplog):
+    # A few-shot prompt longer than the model's positions aborted the whole lm-eval run before.
+    model = build_bidirectional_model(tokenizer, max_position_embeddings=32)
+    lm = DiffusionLM(model, tokenizer=tokenizer, device="cpu", block_length=4, steps=8)
+    short = "Q: 2+2=\nA:"
+    long = "Q: 1+1=\nA: 2\n" * 10 + short
+    request = Instance("generate_until", {}, (long, {"until": [], "max_gen_toks": 8}), 0)
+    (answer,) = lm.generate_until([request])
+    assert "cut from the left" in caplog.text
+    # It decodes what an exact fit of the context's tail decodes.
+    tail = tokenizer.decode(tokenizer(long).input_ids[-24:])
+    (expected,) = generate_completions(
+        model,
+        tokenizer,
+        [tail],
+        lm.generation_config.update(max_new_tokens=8),
+        use_chat_template=False,
+        progress=False,
+    ).completions
+    assert answer == expected
+    with pytest.raises(ValueError, match="exceeds the model's max_position_embeddings=32"):
+        generate_completions(
+            model, tokenizer, [long], {"max_new_tokens": 8, "block_length": 4}, progress=False
+        )
+    with pytest.raises(
+        ValueError, match="40 new tokens leave no room for a prompt in the model's 32 positions"
+    ):
+        lm.generate_until([Instance("generate_until", {}, (short, {"until": [], "max_gen_toks": 40}), 0)])
+
+
 def test_lm_eval_command_help(capsys):
     assert cli_main(["lm-eval", "--help"]) == 0
     assert "--model_args" in capsys.readouterr().out

@@ -17,6 +17,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..data.prompts import check_known_tokens, encode_prompts
+from ..diffusion.forward import max_positions
 from ..generation.configuration import DiffusionGenerationConfig
 from ..generation.memory import auto_batch_size, peak_memory_gb, reset_peak_memory
 from ..generation.sampler import eos_token_ids, left_pad
@@ -65,6 +66,36 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def left_fitted(ids: list[int], reserved: int, limit: int | None) -> list[int]:
+    """``ids`` cut from the left to fit ``limit`` positions beside ``reserved`` more (None: no limit)."""
+    if limit is None or len(ids) + reserved <= limit:
+        return ids
+    if reserved >= limit:
+        raise ValueError(f"{reserved} new tokens leave no room for a prompt in the model's {limit} positions")
+    return ids[len(ids) + reserved - limit :]
+
+
+def _truncate(
+    prompts: list[str], ids: list[list[int]], tokenizer: Any, reserved: int, limit: int | None
+) -> None:
+    """Cut, in place, the prompts that do not fit beside ``reserved`` new tokens from the left, with one warning."""
+    cut = 0
+    for i, row in enumerate(ids):
+        kept = left_fitted(row, reserved, limit)
+        if len(kept) < len(row):
+            cut += 1
+            ids[i], prompts[i] = kept, tokenizer.decode(kept)
+    if cut:
+        logger.warning(
+            "%d of %d prompts are longer than the model's %d positions allow beside max_new_tokens=%d: cut from "
+            "the left",
+            cut,
+            len(ids),
+            limit,
+            reserved,
+        )
+
+
 def generate_completions(
     model: torch.nn.Module,
     tokenizer: Any,
@@ -77,6 +108,7 @@ def generate_completions(
     progress: bool = True,
     desc: str | None = None,
     streamer: Any = None,
+    truncate_prompts: bool = False,
 ) -> Generations:
     """Decode one completion per user message with ``model.diffusion_generate``.
 
@@ -98,6 +130,9 @@ def generate_completions(
         desc: its label.
         streamer: a :class:`~t3d_trl.generation.streamers.DiffusionStreamer` that sees every batch's steps (in
             the sorted order) and ends once, after the last; the time it takes does not count as decoding time.
+        truncate_prompts: cut prompts that do not fit the model's positions beside ``max_new_tokens`` from the
+            left, with a warning, as lm-eval's Hugging Face models do (``prompts`` then holds what was kept);
+            False: such a prompt is refused.
     """
     if isinstance(messages, str):
         raise TypeError("messages must be a sequence of str, not a single str")
@@ -110,6 +145,8 @@ def generate_completions(
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else int(eos[0]) if len(eos) else 0
     prompts, ids = encode_prompts(tokenizer, messages, use_chat_template)
     check_known_tokens(ids, tokenizer)
+    if truncate_prompts:
+        _truncate(prompts, ids, tokenizer, config.max_new_tokens, max_positions(model))
     n = len(prompts)
     completions, num_tokens, nfe, finished, latency = [""] * n, [0] * n, [0] * n, [False] * n, [0.0] * n
     order = sorted(range(n), key=lambda i: -len(ids[i]))

@@ -17,7 +17,7 @@ or from a shell, with exactly ``lm_eval``'s arguments and output: ``t3d-trl lm-e
   ``tokens_per_step``, ``steps``, ``threshold``, ``remasking``, ``use_cache``, ``temperature``...); fields left out
   keep the settings saved with the model. The task's ``until`` strings cut the completion; its ``max_gen_toks`` is
   the generation length (rounded up to a whole number of blocks) unless ``max_new_tokens`` is a model argument.
-  NFE, tokens per second and tokens per step are logged and written to the results' ``config`` under
+  Contexts too long for the model's positions are cut from the left, as lm-eval's Hugging Face models do. NFE, tokens per second and tokens per step are logged and written to the results' ``config`` under
   ``t3d_decoding``, the settings decoded with under ``t3d_generation_config`` (see :meth:`DiffusionLM.get_model_info`).
 * ``loglikelihood`` is a Monte Carlo estimate of the masked-diffusion ELBO of the continuation, as LLaDA's
   evaluation computes it. ``estimator="stratified"`` (default, LLaDA's form without its rounding bias): sample
@@ -53,7 +53,7 @@ from tqdm.auto import tqdm
 
 from ..data.collator import DataCollatorForDiffusion, diffusion_attention_mask
 from ..diffusion.forward import max_positions
-from ..evaluation.completions import generate_completions
+from ..evaluation.completions import generate_completions, left_fitted
 from ..evaluation.metrics import throughput
 from ..evaluation.runner import load_model
 from ..generation.configuration import OUTPUT_FIELDS, DiffusionGenerationConfig
@@ -343,6 +343,7 @@ class DiffusionLM(TemplateLM):
                 batch_size=self.batch_size,
                 generator=generator,
                 progress=False,
+                truncate_prompts=True,  # lm-eval's convention: contexts are cut from the left
             )
             for i, completion in zip(indices, out.completions):
                 for stop in until:
@@ -557,16 +558,15 @@ class DiffusionLM(TemplateLM):
         limit = max_positions(self.model)
         block = self.diffusion.block_size if self.diffusion.is_block_causal else len(continuation)
         needed = math.ceil(len(continuation) / block) * block
-        if limit is None or len(context) + needed <= limit:
-            return context
-        if needed >= limit:
+        if limit is not None and needed >= limit:
             raise ValueError(
                 f"a continuation of {len(continuation)} tokens does not fit the model's {limit} positions"
             )
-        if not self._truncation_warned:
+        fitted = left_fitted(context, needed, limit)
+        if len(fitted) < len(context) and not self._truncation_warned:
             self._truncation_warned = True
             logger.warning("contexts longer than the model's %d positions are cut from the left", limit)
-        return context[len(context) + needed - limit :]
+        return fitted
 
     def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
         raise NotImplementedError(
