@@ -17,8 +17,9 @@ or from a shell, with exactly ``lm_eval``'s arguments and output: ``t3d-trl lm-e
   ``tokens_per_step``, ``steps``, ``threshold``, ``remasking``, ``use_cache``, ``temperature``...); fields left out
   keep the settings saved with the model. The task's ``until`` strings cut the completion; its ``max_gen_toks`` is
   the generation length (rounded up to a whole number of blocks) unless ``max_new_tokens`` is a model argument.
-  Contexts too long for the model's positions are cut from the left, as lm-eval's Hugging Face models do. NFE, tokens per second and tokens per step are logged and written to the results' ``config`` under
-  ``t3d_decoding``, the settings decoded with under ``t3d_generation_config`` (see :meth:`DiffusionLM.get_model_info`).
+  Contexts too long for the model's positions are cut from the left, as lm-eval's Hugging Face models do. NFE,
+  tokens per second and tokens per step are logged and written to the results' ``config`` under ``t3d_decoding``,
+  the settings decoded with under ``t3d_generation_config`` (see :meth:`DiffusionLM.get_model_info`).
 * ``loglikelihood`` is a Monte Carlo estimate of the masked-diffusion ELBO of the continuation, as LLaDA's
   evaluation computes it. ``estimator="stratified"`` (default, LLaDA's form without its rounding bias): sample
   ``j`` of ``mc_num`` masks ``l_j = floor((j + u) L / mc_num) + 1`` of the continuation's ``L`` tokens (``u ~
