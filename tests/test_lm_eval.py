@@ -378,6 +378,17 @@ def test_lm_eval_command_help(capsys):
     assert COMMANDS["lm-eval"][0] == "lm_eval"
 
 
+def test_lm_eval_command_reports_a_bad_request_in_one_line(capsys):
+    # The model's refusal is raised inside lm-eval's own run; the command still reports it like every other one.
+    argv = ["lm-eval", "--model", "t3d", "--model_args", f"pretrained={TEACHER}", "--device", "cpu"]
+    argv += ["--tasks", "t3d_demo_sort2", "--include_path", str(TASKS), "--limit", "2"]
+    assert cli_main([*argv, "--gen_kwargs", "max_gen_toks=500"]) == 2
+    assert (
+        "t3d-trl lm-eval: 504 new tokens leave no room for a prompt in the model's 64 positions"
+        in capsys.readouterr().err
+    )
+
+
 def test_is_greedy_says_whether_greedy_decoding_writes_the_continuation():
     """is_greedy against an independent greedy decode (one most-confident token per step over exactly the
     continuation's length, temperature 0) on rows where the valid answer is greedy (row 1) and where it is not
