@@ -24,6 +24,7 @@ import time
 
 import datasets
 import torch
+from smoke import parse_with_quick
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
@@ -71,16 +72,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=32, help="a multiple of 4 (blocks of 4)")
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="a seconds-long smoke run of the whole script (the test suite runs it so): tiny defaults, which "
-        "flags given with it override; its figures mean nothing",
-    )
-    args = parser.parse_args()
-    if args.quick:  # tiny defaults: a flag given with --quick still wins
-        parser.set_defaults(reps=1, prompts=4, new_tokens=8)
-        args = parser.parse_args()
+    args = parse_with_quick(parser, {"reps": 1, "prompts": 4, "new_tokens": 8})
     if min(args.reps, args.prompts, args.threads) < 1:
         parser.error("--reps, --prompts and --threads must be >= 1")
     if args.new_tokens < 4 or args.new_tokens % 4:

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import torch
+from smoke import parse_with_quick
 
 
 def _rss_kb(field: str) -> int | None:
@@ -144,19 +145,11 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--shard-mb", type=int, default=256)
     parser.add_argument("--child", nargs=3, metavar=("MODE", "SRC", "DST"), help=argparse.SUPPRESS)
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="a seconds-long smoke run of the whole script (the test suite runs it so): tiny defaults, which "
-        "flags given with it override; its figures mean nothing",
-    )
-    args = parser.parse_args()
+    args = parse_with_quick(parser, {"shards": 2, "shard_mb": 2})
     if args.child:
         _child(*args.child)
         return
-    if args.quick:  # tiny defaults: a flag given with --quick still wins
-        parser.set_defaults(shards=2, shard_mb=2)
-        args = parser.parse_args()
+    if args.quick:
         if args.shards < 1 or args.shard_mb < 1:
             parser.error("--shards and --shard-mb must be >= 1")
     elif args.shards < 4 or args.shard_mb < 200:

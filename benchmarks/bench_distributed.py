@@ -46,6 +46,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from smoke import parse_with_quick
+
 STEPS, SAVE_AT, REF_SYNC_STEPS = 4, 2, 3
 TARGETS = {"loss_diff": 1e-4, "bytes_ratio": 0.6}
 
@@ -285,18 +287,14 @@ def _free_port() -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="default to 16 prompts and a global batch of 4 (seconds); flags win",
-    )
     parser.add_argument("--prompts", type=int, default=64, help="training prompts (trajectories)")
     parser.add_argument("--batch", type=int, default=16, help="global batch: sequences per optimizer step")
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # the working folder of a torchrun worker
-    options = parser.parse_args()
-    if options.quick:  # tiny defaults: a flag given with --quick still wins
-        parser.set_defaults(prompts=16, batch=4)
-        options = parser.parse_args()
+    options = parse_with_quick(
+        parser,
+        {"prompts": 16, "batch": 4},
+        help="default to 16 prompts and a global batch of 4 (seconds); flags win",
+    )
     if options.batch < 2 or options.batch % 2:
         parser.error(
             f"--batch must be a positive even number (it is split over 2 processes), got {options.batch}"

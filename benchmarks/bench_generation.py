@@ -23,6 +23,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
+from smoke import parse_with_quick
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from t3d_trl import DiffusionConfig, add_diffusion_generation
@@ -354,17 +355,14 @@ def main() -> None:
     parser.add_argument(
         "--compile-only", action="store_true", help="only compiled against eager decoding (step 8)"
     )
-    parser.add_argument(
-        "--quick",
-        action="store_true",
+    tiny = {"reps": 1, "prompt_len": 16, "gen_len": 32, "cache_gen_len": 16}
+    tiny |= {"approx_prompt_len": 32, "approx_gen_len": 64, "accuracy_prompts": 32}
+    args = parse_with_quick(
+        parser,
+        tiny,
         help="tiny models, and tiny defaults that flags given with it override (seconds); step 8 (compiling) "
         "runs only with --compile-only",
     )
-    args = parser.parse_args()
-    if args.quick:  # tiny defaults: a flag given with --quick still wins
-        parser.set_defaults(reps=1, prompt_len=16, gen_len=32, cache_gen_len=16)
-        parser.set_defaults(approx_prompt_len=32, approx_gen_len=64, accuracy_prompts=32)
-        args = parser.parse_args()
     if min(args.reps, args.threads, args.prompt_len, args.accuracy_prompts) < 1:
         parser.error("--reps, --threads, --prompt-len and --accuracy-prompts must be >= 1")
     # Step 8 (compiled) decodes COMPILE_GEN_LEN tokens of the 27M models; the other steps the two lengths.

@@ -67,6 +67,7 @@ from typing import Any
 
 import torch
 from datasets import Dataset, load_from_disk
+from smoke import parse_with_quick
 
 from t3d_trl import AutoModelForDiffusionLM
 from t3d_trl.data.trajectories import weights_fingerprint
@@ -986,28 +987,26 @@ def parse_args() -> argparse.Namespace:
         default=False,
         help="train the students with torch.compile (transformers' torch_compile)",
     )
-    parser.add_argument(
-        "--quick",
-        action="store_true",
+    tiny = {  # every stage on tiny budgets
+        "seeds": [0],
+        "ablation_seed": 0,
+        "checkpoints": [1, 2],
+        "tuning_seed": 1,
+        "tune_learning_rates": [1e-3, 3e-4],
+        "tune_temperatures": [0.0, 1.0],
+        "tune_objectives": ["t3d", "mdlm"],
+        "workers": max(parser.get_default("workers"), 2),  # the worker pool too
+        "variants": QUICK_VARIANTS,
+        "batch_size": 8,
+        "num_trajectories": 16,
+        "num_eval": 8,
+    }
+    args = parse_with_quick(
+        parser,
+        tiny,
         help="a freshly trained tiny teacher, and tiny defaults that flags given with it override",
     )
-    args = parser.parse_args()
-    if args.quick:  # every stage on tiny budgets; a flag given with --quick still wins
-        parser.set_defaults(
-            seeds=[0],
-            ablation_seed=0,
-            checkpoints=[1, 2],
-            tuning_seed=1,
-            tune_learning_rates=[1e-3, 3e-4],
-            tune_temperatures=[0.0, 1.0],
-            tune_objectives=["t3d", "mdlm"],
-            workers=max(parser.get_default("workers"), 2),  # the worker pool too
-            variants=QUICK_VARIANTS,
-            batch_size=8,
-            num_trajectories=16,
-            num_eval=8,
-        )
-        args = parser.parse_args()
+    if args.quick:
         given = [flag for flag in ("teacher", "output_dir") if getattr(args, flag) is not None]
         if given:  # --quick trains its own tiny teacher in a temporary folder: these would be ignored
             parser.error(f"--quick trains its own teacher in a temporary folder; drop --{given[0]}")

@@ -37,6 +37,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from types import ModuleType
 
+from smoke import parse_with_quick
+
 from t3d_trl.evaluation.sandbox import build_program, run_programs
 from t3d_trl.utils import usable_cpus
 
@@ -114,16 +116,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per side (median is reported)")
     parser.add_argument("--timeout", type=float, default=10.0, help="per-program time limit, both sides (s)")
     parser.add_argument("--limit", type=int, default=None, help="use only the first N problems")
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="a seconds-long smoke run of the whole script (the test suite runs it so): tiny defaults, which "
-        "flags given with it override; its figures mean nothing",
+    args = parse_with_quick(
+        parser, {"limit": 4, "repeats": 1, "workers": min(parser.get_default("workers"), 2)}
     )
-    args = parser.parse_args()
-    if args.quick:  # tiny defaults: a flag given with --quick still wins
-        parser.set_defaults(limit=4, repeats=1, workers=min(parser.get_default("workers"), 2))
-        args = parser.parse_args()
     if (
         args.workers < 1
         or args.repeats < 1

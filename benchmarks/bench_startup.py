@@ -28,6 +28,8 @@ import sys
 import time
 from pathlib import Path
 
+from smoke import parse_with_quick
+
 REPO = Path(__file__).resolve().parents[1]
 TEACHER = REPO / "t3d_trl" / "demo" / "teachers" / "wordsort"
 PROMPT = "jade bear mint gust note kelp sand hint"  # a wordsort prompt: words its tokenizer knows
@@ -71,15 +73,9 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--rounds", type=int, default=5, help="rounds of the commands (median taken)")
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="default to one round (a smoke test, not a figure); --rounds wins",
+    args = parse_with_quick(
+        parser, {"rounds": 1}, help="default to one round (a smoke test, not a figure); --rounds wins"
     )
-    args = parser.parse_args()
-    if args.quick:
-        parser.set_defaults(rounds=1)
-        args = parser.parse_args()
     if args.rounds < 1:
         parser.error(f"--rounds must be >= 1, got {args.rounds}")
     rounds = args.rounds

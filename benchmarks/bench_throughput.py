@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from smoke import parse_with_quick
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from t3d_trl import DiffusionConfig, add_diffusion_generation
@@ -154,20 +155,19 @@ def main() -> None:
     parser.add_argument(
         "--compile", action="store_true", help="also decode compiled (reduce-overhead on CUDA) and compare"
     )
-    parser.add_argument(
-        "--quick",
-        action="store_true",
+    args = parse_with_quick(
+        parser,
+        # compiling takes tens of seconds per shape: one batch size (and one configuration, below)
+        lambda args: {
+            "batch_sizes": [2] if args.compile else [1, 2],
+            "prompt_len": 16,
+            "gen_len": 16,
+            "block": 8,
+            "reps": 1,
+        },
         help="tiny model, short decode (seconds, any device): tiny defaults, which flags given with it override",
     )
-    args = parser.parse_args()
-    shape = QWEN3_1_7B
-    if args.quick:  # tiny defaults: a flag given with --quick still wins
-        shape = TINY
-        # compiling takes tens of seconds per shape: one batch size (and one configuration, below)
-        parser.set_defaults(
-            batch_sizes=[2] if args.compile else [1, 2], prompt_len=16, gen_len=16, block=8, reps=1
-        )
-        args = parser.parse_args()
+    shape = TINY if args.quick else QWEN3_1_7B
     if args.batch_sizes is None:
         args.batch_sizes = [1, 16, 64, 128] if args.compile else [1, 16]
     if args.device.startswith("cuda") and not torch.cuda.is_available():

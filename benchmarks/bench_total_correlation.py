@@ -17,6 +17,7 @@ import random
 import time
 
 import torch
+from smoke import parse_with_quick
 
 from t3d_trl import TotalCorrelationConfig, TrajectoryMetadata, total_correlation
 from t3d_trl.demo import build_teacher, get_task
@@ -30,16 +31,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=16)
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="a seconds-long smoke run of the whole script (the test suite runs it so): tiny defaults, which "
-        "flags given with it override; its figures mean nothing",
-    )
-    args = parser.parse_args()
-    if args.quick:  # tiny defaults: a flag given with --quick still wins
-        parser.set_defaults(rows=2, samples=2, reps=1, threads=1)
-        args = parser.parse_args()
+    args = parse_with_quick(parser, {"rows": 2, "samples": 2, "reps": 1, "threads": 1})
     if min(args.rows, args.samples, args.reps, args.threads) < 1:
         parser.error("--rows, --samples, --reps and --threads must be >= 1")
     torch.set_num_threads(args.threads)

@@ -41,6 +41,8 @@ import tempfile
 import threading
 import time
 
+from smoke import parse_with_quick
+
 # (prompt tokens, completion tokens, batch) per --model
 SHAPES = {"qwen3-13m": (32, 64, 4), "demo": (8, 32, 32)}
 CONFIGS = {
@@ -200,16 +202,7 @@ def main() -> None:
         help="demo: the method study's model and shapes",
     )
     parser.add_argument("--worker", choices=sorted(CONFIGS), help=argparse.SUPPRESS)
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="a seconds-long smoke run of the whole script (the test suite runs it so): tiny defaults, which "
-        "flags given with it override; its figures mean nothing",
-    )
-    options = parser.parse_args()
-    if options.quick:  # tiny defaults: a flag given with --quick still wins
-        parser.set_defaults(steps=3, repeats=1)
-        options = parser.parse_args()
+    options = parse_with_quick(parser, {"steps": 3, "repeats": 1})
     if options.steps < 3 or options.repeats < 1:
         parser.error("--steps must be >= 3 (the first 2 are warm-up) and --repeats >= 1")
     if options.worker:

@@ -478,6 +478,7 @@ def study(monkeypatch):
     )
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "bench_method_study", module)  # its dataclasses resolve their module
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))  # its sibling modules, as when run as a script
     spec.loader.exec_module(module)
     return module
 
