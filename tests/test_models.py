@@ -459,6 +459,34 @@ def test_a_missing_or_damaged_weights_file_is_named_before_anything_loads(tmp_pa
         AutoModelForDiffusionLM.from_pretrained(sharded)
 
 
+def test_a_damaged_weights_file_in_the_hub_cache_is_named(tmp_path, tokenizer, monkeypatch):
+    """A Hub checkpoint already in the cache is checked like a folder: offline it must be complete; online only the
+    files there must be whole, since the loader downloads the rest."""
+    import re
+
+    from huggingface_hub import constants
+
+    from t3d_trl.models.auto import check_model_source
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    build_bidirectional_model(tokenizer).save_pretrained(tmp_path / "sharded", max_shard_size="40KB")
+    build_hub_cache(tmp_path, monkeypatch, "me/base", {"main": ("a" * 40, tmp_path / "sharded")})
+    shards = sorted((tmp_path / "hub/models--me--base/snapshots" / ("a" * 40)).glob("model-*.safetensors"))
+    assert len(shards) > 2
+    check_model_source("me/base")
+    _cut(shards[0], 1000)
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(shards[0]))} is damaged"):
+        AutoModelForDiffusionLM.from_pretrained("me/base")
+    shards[0].unlink()
+    with pytest.raises(FileNotFoundError, match=rf"{shards[0].name} is missing \(a shard .*index.json lists"):
+        check_model_source("me/base")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    check_model_source("me/base")  # online: the missing shard is the loader's to download
+    _cut(shards[1], 1000)
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(shards[1]))} is damaged"):
+        check_model_source("me/base")
+
+
 def test_an_adapter_without_its_weights_is_named_before_its_base_loads(saved_adapter):
     lora = saved_adapter / "lora"
     _cut(lora / "adapter_model.safetensors", 100)

@@ -101,7 +101,9 @@ def check_model_source(name_or_path: str, *, weights: bool = True, **hub_kwargs:
     A local folder must hold a ``config.json`` (a model) or an ``adapter_config.json`` (a ``peft`` adapter), and
     (unless ``weights=False``) a weights file that is whole (:func:`check_weights`). Anything else must be a Hub
     repo id, and offline (``HF_HUB_OFFLINE=1`` or ``local_files_only``) one in the local cache: otherwise
-    transformers reports a missing folder as a failed connection to the Hub.
+    transformers reports a missing folder as a failed connection to the Hub. A Hub checkpoint already in the cache
+    is checked like a folder: offline it must be complete; online only the files there must be whole (the loader
+    downloads the others).
 
     Raises:
         FileNotFoundError: naming the folder or repo id and what is missing.
@@ -126,13 +128,17 @@ def check_model_source(name_or_path: str, *, weights: bool = True, **hub_kwargs:
     except HFValidationError as err:
         raise FileNotFoundError(f"model {name_or_path!r}: no such folder (nor a valid Hub repo id)") from err
     offline = constants.HF_HUB_OFFLINE or hub_kwargs.get("local_files_only")
-    if offline and cached_checkpoint_file(name_or_path, **hub_kwargs) is None:
+    cached = cached_checkpoint_file(name_or_path, **hub_kwargs)
+    if offline and cached is None:
         revision = hub_kwargs.get("revision")
         what = "the Hub repo" if revision in (None, "main") else f"revision {revision!r} of the Hub repo"
         raise FileNotFoundError(
             f"model {name_or_path!r}: no such folder, and offline (HF_HUB_OFFLINE=1) {what} "
             f"{name_or_path!r} is not in the local cache"
         )
+    if weights and cached is not None:
+        adapter = os.path.basename(cached) == ADAPTER_CONFIG_FILE
+        check_weights(os.path.dirname(cached), adapter=adapter, complete=bool(offline))
 
 
 def cached_checkpoint_file(name_or_path: str, **hub_kwargs: Any) -> str | None:

@@ -47,13 +47,15 @@ def file_problem(path: str | os.PathLike) -> str | None:
     return None
 
 
-def check_weights(folder: str, adapter: bool = False) -> None:
+def check_weights(folder: str, adapter: bool = False, complete: bool = True) -> None:
     """Fail, naming the file, when a local checkpoint folder has no weights file or a damaged one.
 
     Looks where transformers (peft, for an adapter) looks, in its order: ``model.safetensors``, a sharded
     ``model.safetensors.index.json`` and every shard it lists, then ``pytorch_model.bin`` (or its index); for an
     adapter ``adapter_model.safetensors`` or ``adapter_model.bin``. Only headers and sizes are read, so an
     interrupted copy or download is named here rather than failing with a traceback once loading starts.
+    ``complete=False`` (a Hub snapshot in the cache while online, which the loader completes by downloading)
+    checks only the files that are there.
 
     Raises:
         FileNotFoundError: no weights file, or a shard its index lists is missing.
@@ -69,6 +71,8 @@ def check_weights(folder: str, adapter: bool = False) -> None:
         names = (explicit,) if isinstance(explicit, str) else names
     path = next((os.path.join(folder, n) for n in names if os.path.isfile(os.path.join(folder, n))), None)
     if path is None:
+        if not complete:
+            return
         raise FileNotFoundError(
             f"{folder} has no weights file (none of {', '.join(names)}): not a complete checkpoint"
         )
@@ -80,8 +84,9 @@ def check_weights(folder: str, adapter: bool = False) -> None:
         except (ValueError, KeyError, TypeError, AttributeError) as err:
             raise ValueError(f"{path} is damaged (no readable weight_map: {err})") from err
         missing = [file for file in files if not os.path.isfile(file)]
-        if missing:
+        if missing and complete:
             raise FileNotFoundError(f"{missing[0]} is missing (a shard {path} lists)")
+        files = [file for file in files if file not in missing]
     for file in files:
         problem = file_problem(file)
         if problem is not None:
