@@ -10,9 +10,10 @@ out of the total is what the rule loses or keeps.
 
 Usage::
 
-    python benchmarks/bench_code_extraction.py [--quick] [--workers N] [--timeout S]
+    python benchmarks/bench_code_extraction.py [--quick] [--limit N] [--workers N] [--timeout S]
 
-``--quick`` checks the first 10 tasks of each benchmark; ``--timeout`` is the sandbox limit per program. The last line printed is one JSON object.
+``--limit N`` checks the first N tasks of each benchmark (``--quick``: 10); ``--timeout`` is the sandbox limit per
+program. The last line printed is one JSON object.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from smoke import parse_with_quick
 
 from t3d_trl.evaluation.benchmarks import humaneval_checker, mbpp_checker
 from t3d_trl.evaluation.sandbox import CODE_EXTRACTION_RULES, entry_point_from_tests
@@ -104,13 +107,17 @@ def measure(limit: int | None, workers: int, timeout: float) -> dict[str, dict[s
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="first 10 tasks of each benchmark")
+    parser.add_argument(
+        "--limit", type=int, default=None, help="the first N tasks of each benchmark (default: all)"
+    )
     parser.add_argument("--workers", type=int, default=max(1, min(4, usable_cpus())))
     # Generous: on a loaded machine a correct MBPP solution (task 64) can pass the default 10 s.
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds per program")
-    args = parser.parse_args(argv)
+    args = parse_with_quick(parser, {"limit": 10}, argv=argv)
+    if (args.limit is not None and args.limit < 1) or args.workers < 1 or args.timeout <= 0:
+        parser.error("--limit and --workers must be >= 1 and --timeout > 0")
     began = time.perf_counter()
-    counts = measure(10 if args.quick else None, args.workers, args.timeout)
+    counts = measure(args.limit, args.workers, args.timeout)
     print(f"| benchmark | wrapping | {' | '.join(CODE_EXTRACTION_RULES)} |")
     print("| --- | --- |" + " --- |" * len(CODE_EXTRACTION_RULES))
     for name, rows in counts.items():

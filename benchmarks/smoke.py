@@ -17,13 +17,14 @@ def parse_with_quick(
     parser: argparse.ArgumentParser,
     tiny: Mapping[str, Any] | Callable[[argparse.Namespace], Mapping[str, Any]],
     help: str = HELP,
+    argv: list[str] | None = None,
 ) -> argparse.Namespace:
-    """Add ``--quick`` to ``parser`` and parse the command line; under ``--quick`` parse it again over the tiny
-    defaults ``tiny`` (or those ``tiny(args)`` returns, where they depend on other flags), so that a flag given
-    with ``--quick`` still wins."""
+    """Add ``--quick`` to ``parser`` and parse ``argv`` (default: the command line); under ``--quick`` parse it
+    again over the tiny defaults ``tiny`` (or those ``tiny(args)`` returns, where they depend on other flags), so
+    that a flag given with ``--quick`` still wins."""
     parser.add_argument("--quick", action="store_true", help=help)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.quick:
         parser.set_defaults(**(tiny(args) if callable(tiny) else tiny))
-        args = parser.parse_args()
+        args = parser.parse_args(argv)
     return args
