@@ -114,8 +114,12 @@ def main(argv: list[str] | None = None) -> int:
     # Generous: on a loaded machine a correct MBPP solution (task 64) can pass the default 10 s.
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds per program")
     args = parse_with_quick(parser, {"limit": 10}, argv=argv)
-    if (args.limit is not None and args.limit < 1) or args.workers < 1 or args.timeout <= 0:
-        parser.error("--limit and --workers must be >= 1 and --timeout > 0")
+    if args.limit is not None and args.limit < 1:
+        parser.error(f"--limit must be >= 1 (or left out: every task), got {args.limit}")
+    if args.workers < 1:
+        parser.error(f"--workers must be >= 1, got {args.workers}")
+    if args.timeout <= 0:
+        parser.error(f"--timeout must be > 0 seconds, got {args.timeout}")
     began = time.perf_counter()
     counts = measure(args.limit, args.workers, args.timeout)
     print(f"| benchmark | wrapping | {' | '.join(CODE_EXTRACTION_RULES)} |")

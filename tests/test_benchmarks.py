@@ -414,7 +414,8 @@ def test_benchmark_script_runs_quick_and_ends_with_one_json_line(script):
         ("bench_startup", ["--rounds", "0"], "--rounds must be >= 1, got 0"),
         ("bench_distributed", ["--batch", "0"], "--batch must be a positive even number"),
         ("bench_sandbox", ["--limit", "0"], "--workers, --repeats and --limit must be >= 1"),
-        ("bench_code_extraction", ["--limit", "0"], "--limit and --workers must be >= 1 and --timeout > 0"),
+        ("bench_code_extraction", ["--limit", "0"], "--limit must be >= 1 (or left out: every task), got 0"),
+        ("bench_code_extraction", ["--timeout", "0"], "--timeout must be > 0 seconds, got 0.0"),
         ("bench_sandbox", ["--limit", "-3"], "--workers, --repeats and --limit must be >= 1"),
         (
             "bench_generation",
