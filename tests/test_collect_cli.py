@@ -162,6 +162,26 @@ def test_a_local_teacher_resumes_under_another_spelling_of_its_path(recipe, monk
     assert TrajectoryMetadata.from_dataset(load_trajectories(values["output_dir"])).teacher == teacher
 
 
+def test_a_larger_limit_extends_a_finished_collection(recipe, monkeypatch, capsys):
+    import t3d_trl.data.trajectories as trajectories
+
+    path, values = recipe
+    assert main(["collect", "--config", str(path)]) == 0  # limit 3
+    first = load_trajectories(values["output_dir"]).to_list()
+    real, calls = trajectories._generate_batch, []
+    monkeypatch.setattr(trajectories, "_generate_batch", lambda *a, **k: calls.append(1) or real(*a, **k))
+    assert main(["collect", "--config", str(path), "--limit", "4"]) == 0
+    out = values["output_dir"]
+    assert (
+        capsys.readouterr().out.splitlines()[-1] == f"4 prompts, 4 trajectories saved to {out}, none dropped"
+    )
+    assert len(calls) == 1  # the one new prompt; the first three kept their shard
+    extended = load_trajectories(out)
+    assert extended["id"] == ["q0", "q1", "q2", "q3"] and extended.to_list()[:3] == first
+    assert main(["collect", "--config", str(path), "--limit", "2"]) == 2  # fewer than it holds: refused
+    assert "num_prompts: 4 (saved) != 2 (now)" in capsys.readouterr().err
+
+
 def test_ctrl_c_says_that_rerunning_resumes(recipe, monkeypatch, capsys):
     import t3d_trl.data.trajectories as trajectories
 

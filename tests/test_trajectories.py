@@ -384,8 +384,13 @@ def test_resume_refuses_other_settings(tmp_path, tokenizer, bidirectional_model)
         collect(
             bidirectional_model, tokenizer, tmp_path, rows=ROWS[:3], batch_size=2, generation_config=other
         )
+    # More prompts that do not start with the saved ones are another collection (the same count: only the digest).
     with pytest.raises(ValueError, match="num_prompts: 3 \\(saved\\) != 4"):
-        collect(bidirectional_model, tokenizer, tmp_path, rows=ROWS[:4])
+        collect(bidirectional_model, tokenizer, tmp_path, rows=ROWS[1:5])
+    with pytest.raises(
+        ValueError, match="prompts_sha256: '[0-9a-f]{64}' \\(saved\\) != '[0-9a-f]{64}' \\(now\\)"
+    ):
+        collect(bidirectional_model, tokenizer, tmp_path, rows=ROWS[1:4])
     # A collection saved before a decoding setting existed resumes when the setting is at its default.
     manifest = json.loads((tmp_path / "collection.json").read_text())
     del manifest["generation_config"]["cfg_scale"]
@@ -405,6 +410,49 @@ def test_resume_refuses_other_settings(tmp_path, tokenizer, bidirectional_model)
     del manifest["teacher_weights"]
     (tmp_path / "collection.json").write_text(json.dumps(manifest))
     assert len(collect(bidirectional_model, tokenizer, tmp_path, rows=ROWS[:3])) == 3
+
+
+def test_more_prompts_after_the_saved_ones_extend_the_collection(tmp_path, tokenizer, monkeypatch):
+    config = DiffusionGenerationConfig(**SAMPLED)  # sampling: a batch's rows depend on its ids and seed
+    model = build_bidirectional_model(tokenizer)
+    base = collect(model, tokenizer, tmp_path, rows=ROWS[:3], generation_config=config, seed=7)
+    shard = (tmp_path / "shards" / "batch-000000.parquet").read_bytes()
+
+    calls = _count_generations(monkeypatch, model)
+    extended = collect(model, tokenizer, tmp_path, rows=ROWS[:6], generation_config=config, seed=7)
+    assert len(calls) == 1  # only the three new prompts (one batch of 3) were decoded
+    assert extended.to_list()[:3] == base.to_list()  # the saved rows, untouched
+    assert (tmp_path / "shards" / "batch-000000.parquet").read_bytes() == shard
+    assert extended["problem"] == PROBLEMS[:6]  # source order
+    manifest = json.loads((tmp_path / "collection.json").read_text())
+    assert manifest["collection"]["parts"] == [3, 6] and manifest["collection"]["num_prompts"] == 6
+    assert collection_summary(tmp_path).startswith("6 prompts, 6 trajectories")
+
+    calls.clear()  # the same call again: nothing to decode, the same rows
+    assert collect(model, tokenizer, tmp_path, rows=ROWS[:6], generation_config=config, seed=7).to_list() == (
+        extended.to_list()
+    )
+    assert not calls
+
+    # An extension interrupted before its merge leaves the dataset merged last in place; a rerun finishes it.
+    real = type(model).diffusion_generate
+
+    def crash(self, *args, **kwargs):
+        raise Crash("killed")
+
+    monkeypatch.setattr(type(model), "diffusion_generate", crash)
+    with pytest.raises(Crash):
+        collect(model, tokenizer, tmp_path, rows=ROWS, generation_config=config, seed=7)
+    assert load_trajectories(str(tmp_path)).to_list() == extended.to_list()
+    assert collection_summary(tmp_path).startswith("6 prompts, 6 trajectories")
+    monkeypatch.setattr(type(model), "diffusion_generate", real)
+    full = collect(model, tokenizer, tmp_path, rows=ROWS, generation_config=config, seed=7)
+    assert full.to_list()[:6] == extended.to_list() and len(full) == len(ROWS)
+    assert json.loads((tmp_path / "collection.json").read_text())["collection"]["parts"] == [3, 6, 8]
+
+    # Fewer prompts than the folder holds are refused, naming the counts.
+    with pytest.raises(ValueError, match="num_prompts: 8 \\(saved\\) != 3 \\(now\\)"):
+        collect(model, tokenizer, tmp_path, rows=ROWS[:3], generation_config=config, seed=7)
 
 
 def test_auto_batch_size_resumes_with_the_collections_own(
@@ -699,6 +747,9 @@ def test_plan_batches_and_seeds():
     prompts = [PromptRow(i, str(i), "", [0] * n, {}) for i, n in enumerate([3, 5, 3, 9, 1])]
     batches = plan_batches(prompts, 2)
     assert [[p.id for p in b] for b in batches] == [["3", "1"], ["0", "2"], ["4"]]
+    # In parts, each slice is planned on its own: the first two prompts keep the batch they had alone.
+    assert [[p.id for p in b] for b in plan_batches(prompts, 2, [2, 5])] == [["1", "0"], ["3", "2"], ["4"]]
+    assert plan_batches(prompts[:2], 2) == plan_batches(prompts, 2, [2, 5])[:1]
     assert batch_seed(0, ["a", "b"]) == batch_seed(0, ["a", "b"]) != batch_seed(1, ["a", "b"])
     assert batch_seed(0, ["a", "b"]) != batch_seed(0, ["b", "a"])
     with pytest.raises(ValueError, match="batch_size"):

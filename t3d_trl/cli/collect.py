@@ -3,7 +3,7 @@
 Recipe keys are the fields of :class:`CollectConfig` (the teacher, the source dataset and its columns, the
 prompt, every :class:`~t3d_trl.DiffusionGenerationConfig` decoding setting, batching, output and Hub
 options); flags override the recipe. The work is done by :func:`t3d_trl.collect_trajectories`; rerunning
-the same command resumes an interrupted collection. Run it under ``accelerate launch`` to split the prompts
+the same command resumes an interrupted collection, and a larger ``--limit`` extends a finished one. Run it under ``accelerate launch`` to split the prompts
 over several GPUs or processes.
 """
 
@@ -39,7 +39,7 @@ class CollectConfig(DiffusionGenerationConfig):
             ``answer``).
         dataset_config: the Hub dataset's configuration (subset).
         dataset_split: the split to decode.
-        limit: decode only the first ``limit`` rows.
+        limit: decode only the first ``limit`` rows (a larger one later extends the collection).
         prompt_template: ``math``, ``code``, ``plain`` or a ``str.format`` pattern over the columns.
         prompt_column: the column that fills the template's ``{problem}``.
         id_column: a column of unique ids (default: ``id`` if present, else the row index).

@@ -9,7 +9,9 @@ folder repairs a damaged dataset file as long as the shards are there.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -26,6 +28,8 @@ from ..generation.configuration import DiffusionGenerationConfig
 from ..utils import write_atomically
 from .prompts import PromptRow
 from .schema import TrajectoryMetadata, row_problem
+
+logger = logging.getLogger(__name__)
 
 MANIFEST = "collection.json"
 SHARD_DIR = "shards"
@@ -132,6 +136,29 @@ def saved_batch_size(output_dir: Path) -> int | None:
         return None
 
 
+def prompts_digest(prompts: Sequence[PromptRow]) -> str:
+    """A digest of the prompts of a collection, in source order (their ids and texts)."""
+    return hashlib.sha256(json.dumps([[p.id, p.prompt] for p in prompts]).encode()).hexdigest()
+
+
+def collection_parts(output_dir: Path, prompts: Sequence[PromptRow]) -> list[int]:
+    """Where the batch plan of a collection into ``output_dir`` is cut (:func:`plan_batches`' ``parts``).
+
+    A new collection is one part. A rerun with more prompts whose first ones are exactly the saved collection's
+    (a larger ``limit`` over the same source) extends it: the saved parts keep their batches, so their shards stay
+    valid, and the new prompts are planned after them. Anything else keeps the saved parts, and
+    :func:`check_manifest` names what differs.
+    """
+    try:
+        saved = json.loads((output_dir / MANIFEST).read_text())["collection"]
+        count, parts = int(saved["num_prompts"]), list(saved.get("parts") or [saved["num_prompts"]])
+    except (OSError, ValueError, KeyError, TypeError):  # none yet, or unreadable: check_manifest says which
+        return [len(prompts)]
+    if count < len(prompts) and prompts_digest(prompts[:count]) == saved.get("prompts_sha256"):
+        return [*parts, len(prompts)]
+    return parts if count == len(prompts) else [len(prompts)]
+
+
 def check_manifest(output_dir: Path, manifest: dict[str, Any], is_main: bool, barrier: Any) -> None:
     path = output_dir / MANIFEST
     if is_main:
@@ -154,7 +181,7 @@ def check_manifest(output_dir: Path, manifest: dict[str, Any], is_main: bool, ba
             f"{path} is not valid JSON ({err}): delete {output_dir} to start the collection over"
         ) from err
     # A newer package version may resume an older collection; everything else must match.
-    saved.pop(SUMMARY_KEY, None)  # the counts of an earlier merge are not a setting
+    summary = saved.pop(SUMMARY_KEY, None)  # the counts of an earlier merge are not a setting
     saved["metadata"].pop("t3d_trl_version", None)
     if isinstance(saved.get("generation_config"), dict):
         # A collection saved before a decoding setting existed (e.g. cfg_scale) was decoded with its default.
@@ -163,6 +190,8 @@ def check_manifest(output_dir: Path, manifest: dict[str, Any], is_main: bool, ba
     # Collections started before these were normalised or taken from the source at the merge.
     saved["metadata"]["teacher"] = teacher_name(saved["metadata"]["teacher"])
     saved.get("collection", {}).pop("keep_columns", None)
+    if isinstance(saved.get("collection"), dict):  # started before extensions were planned in parts: one part
+        saved["collection"].setdefault("parts", [saved["collection"].get("num_prompts")])
     current = json.loads(json.dumps(manifest))
     current["metadata"].pop("t3d_trl_version", None)
     if "teacher_weights" not in saved:  # a collection started before the fingerprint was recorded
@@ -171,13 +200,37 @@ def check_manifest(output_dir: Path, manifest: dict[str, Any], is_main: bool, ba
         # Recorded before Hub commits were resolved (a branch name, or none): the weights fingerprint checks it.
         saved["metadata"].pop("teacher_revision", None)
         current["metadata"].pop("teacher_revision", None)
+    extended = _extension(saved, current)
+    if extended:  # more prompts after the saved ones (collection_parts): the rest must match
+        saved["collection"] = {**saved["collection"], **extended}
     diffs = _differences(saved, current)
+    if extended and not diffs:
+        logger.info(
+            "extending the collection in %s from %d to %d prompts: the batches of the first %d are kept",
+            output_dir,
+            current["collection"]["parts"][-2],
+            current["collection"]["num_prompts"],
+            current["collection"]["parts"][-2],
+        )
+        if is_main:  # the dataset merged last, and its counts, stay until the larger one is merged
+            grown = {**manifest, SUMMARY_KEY: summary} if summary is not None else manifest
+            write_atomically(path, lambda tmp: tmp.write_text(json.dumps(grown, indent=2)))
     if diffs:
         raise ValueError(
             f"{output_dir} holds a collection started with other settings; refusing to resume. Differences:\n  "
             + "\n  ".join(diffs)
             + "\nUse another output_dir, or delete this one to start over."
         )
+
+
+def _extension(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, Any] | None:
+    """The collection entries that grow when ``current`` extends ``saved`` with more prompts, else ``None``."""
+    before, now = saved.get("collection"), current.get("collection")
+    if not isinstance(before, dict) or not isinstance(now, dict) or not before.get("parts"):
+        return None
+    if now.get("parts") != [*before["parts"], now.get("num_prompts")]:
+        return None
+    return {key: now.get(key) for key in ("num_prompts", "prompts_sha256", "parts")}
 
 
 def merge_shards(

@@ -15,7 +15,9 @@ How a collection runs:
   batches already written and valid; a shard that fails validation (unreadable, other ids, a row breaking
   the contract of :func:`~t3d_trl.data.schema.row_problem`) is decoded again, and a freshly decoded shard
   that fails stops the run with an error naming it. It refuses to resume when the settings differ from the
-  ones the folder was started with, naming each difference.
+  ones the folder was started with, naming each difference. More prompts after the saved ones (a larger
+  ``limit``) extend the collection: its batches are kept and only the new prompts are decoded
+  (:func:`~t3d_trl.data.shards.collection_parts`).
 * Several processes (``accelerate launch`` / ``torchrun``, one per GPU, or several CPU processes) take
   every ``world_size``-th batch; the main process then merges the shards in source order, adds the source
   columns (taken from the source as it is now: shards hold the decoded columns only), applies the filters,
@@ -54,8 +56,10 @@ from .shards import (
     SHARD_DIR,
     check_manifest,
     check_output_dir,
+    collection_parts,
     collection_summary,
     merge_shards,
+    prompts_digest,
     rows_problem,
     save_dataset,
     saved_batch_size,
@@ -69,12 +73,22 @@ from .shards import (
 logger = logging.getLogger(__name__)
 
 
-def plan_batches(prompts: Sequence[PromptRow], batch_size: int) -> list[list[PromptRow]]:
-    """Sort prompts by length (longest first, ties in source order) and cut them into batches."""
+def plan_batches(
+    prompts: Sequence[PromptRow], batch_size: int, parts: Sequence[int] | None = None
+) -> list[list[PromptRow]]:
+    """Sort prompts by length (longest first, ties in source order) and cut them into batches.
+
+    ``parts`` (the ends of consecutive slices of ``prompts``; default: one slice) plans each slice on its own, one
+    after the other: a collection extended with more prompts keeps the batches of the prompts it had.
+    """
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
-    ordered = sorted(prompts, key=lambda p: (-len(p.prompt_ids), p.index))
-    return [ordered[i : i + batch_size] for i in range(0, len(ordered), batch_size)]
+    bounds = [0, *(parts or [len(prompts)])]
+    batches = []
+    for start, end in zip(bounds, bounds[1:]):
+        ordered = sorted(prompts[start:end], key=lambda p: (-len(p.prompt_ids), p.index))
+        batches += [ordered[i : i + batch_size] for i in range(0, len(ordered), batch_size)]
+    return batches
 
 
 def batch_seed(seed: int, ids: Sequence[str]) -> int:
@@ -214,9 +228,10 @@ class _PromptOptions:
         config: DiffusionGenerationConfig,
         prompts: Sequence[PromptRow],
         batch_size: int,
+        parts: Sequence[int],
     ) -> dict[str, Any]:
-        """What ``collection.json`` records: a rerun resumes only with the same teacher, settings and prompts."""
-        digest = hashlib.sha256(json.dumps([[p.id, p.prompt] for p in prompts]).encode()).hexdigest()
+        """What ``collection.json`` records: a rerun resumes only with the same teacher, settings and prompts (or
+        more prompts after them: :func:`~t3d_trl.data.shards.collection_parts`)."""
         return {
             # The teacher's name alone misses a model built in memory (no name) or retrained in place.
             "teacher_weights": weights_fingerprint(model),
@@ -229,7 +244,8 @@ class _PromptOptions:
                 "chat_column": self.chat_column,
                 "max_prompt_length": self.max_prompt_length,
                 "num_prompts": len(prompts),
-                "prompts_sha256": digest,
+                "prompts_sha256": prompts_digest(prompts),
+                "parts": list(parts),
             },
         }
 
@@ -568,8 +584,9 @@ def collect_trajectories(
     check_process_count(world_size, "collection", "each process would decode every prompt")
     if batch_size is None:
         batch_size = collection_batch_size(model, config, prompts, output_dir)
-    batches = plan_batches(prompts, batch_size)
-    manifest = options.manifest(model, metadata, config, prompts, batch_size)
+    parts = collection_parts(output_dir, prompts)
+    batches = plan_batches(prompts, batch_size, parts)
+    manifest = options.manifest(model, metadata, config, prompts, batch_size, parts)
     check_manifest(output_dir, manifest, rank == 0, barrier)
     run = _BatchRun(model, tokenizer, config, metadata, output_dir, seed)
     run.decode(
