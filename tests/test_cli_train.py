@@ -174,6 +174,30 @@ def test_fsdp_on_cpu_processes_is_refused_before_the_launch(files, tmp_path, cap
     assert not (tmp_path / "fsdp").exists()
 
 
+def test_an_output_dir_a_run_would_refuse_is_refused_before_the_launch(files, tmp_path, capsys, monkeypatch):
+    # Before, every launched process printed the refusal, then the launcher its traceback, with exit status 1.
+    import t3d_trl.cli.train as train_cli
+
+    path = write_yaml(
+        tmp_path / "recipe.yaml", one_process_recipe(files, tmp_path, save_strategy="steps", save_steps=1)
+    )
+    assert main(["train", "--config", path, "--max_steps", "1"]) == 0
+    monkeypatch.setattr(
+        train_cli, "_relaunch", lambda *a: pytest.fail("launched processes to refuse the folder")
+    )
+    launcher = yaml.safe_load(
+        (Path(__file__).resolve().parents[1] / "recipes/accelerate/ddp.yaml").read_text()
+    )
+    launch = ["--accelerate_config", write_yaml(tmp_path / "ddp.yaml", {**launcher, "use_cpu": True})]
+    assert "already holds checkpoint-1, a finished model" in failure(
+        ["train", "--config", path, *launch], capsys
+    )
+    message = failure(
+        ["train", "--config", path, *launch, "--max_steps", "1", "--resume_from_checkpoint", "true"], capsys
+    )
+    assert "checkpoint-1 is at step 1 and max_steps is 1: the run is finished" in message
+
+
 def failure(argv: list[str], capsys) -> str:
     """The one-line message of a command that fails with an expected error."""
     assert main(argv) == 2
@@ -192,6 +216,14 @@ def test_rerun_resumes_or_refuses_and_leaves_no_cache_files(files, tmp_path, cap
     assert main(["train", "--config", path, "--max_steps", "2", "--resume_from_checkpoint", "true"]) == 0
     state = json.loads((tmp_path / "o" / "trainer_state.json").read_text())
     assert state["global_step"] == 2
+    # Resumed again, a finished run is refused: transformers would train a third step over the finished model.
+    weights = (tmp_path / "o" / "model.safetensors").read_bytes()
+    message = failure(
+        ["train", "--config", path, "--max_steps", "2", "--resume_from_checkpoint", "true"], capsys
+    )
+    assert "checkpoint-2 is at step 2 and max_steps is 2: the run is finished" in message
+    assert (tmp_path / "o" / "model.safetensors").read_bytes() == weights
+    assert not (tmp_path / "o" / "checkpoint-3").exists()
     assert main(["train", "--config", path, "--overwrite_output_dir", "true"]) == 0
     assert sorted(p.name for p in (tmp_path / "o").glob("checkpoint-*")) == ["checkpoint-1"]
 

@@ -184,6 +184,12 @@ def main(argv: list[str]) -> int:
     # Already one of several processes (accelerate launch, torchrun, SLURM): run here, do not relaunch.
     launched = os.environ.get(_LAUNCHED) or int(os.environ.get("WORLD_SIZE", "1")) > 1
     if data.accelerate_config and not launched:
+        from ..trainer.checkpoints import check_output_dir
+
+        # Refused here in one line, not by every launched process with the launcher's traceback after it.
+        check_output_dir(
+            args.output_dir, args.resume_from_checkpoint, args.overwrite_output_dir, args.max_steps
+        )
         return _relaunch(data.accelerate_config, argv)
     output_dir = run(model_args, data, args)
     if int(os.environ.get("RANK", "0")) == 0:  # one line, not one per process

@@ -260,6 +260,17 @@ def check_settings(checkpoint: str | os.PathLike, settings: dict[str, Any]) -> N
         )
 
 
+def check_steps_left(checkpoint: str | os.PathLike, max_steps: int) -> None:
+    """Refuse to resume from ``checkpoint`` when it has already reached ``max_steps`` (``-1``: epochs decide):
+    transformers would train one step past it and replace the finished model."""
+    step = json.loads(Path(checkpoint, TRAINER_STATE_NAME).read_text()).get("global_step", 0)
+    if 0 < max_steps <= step:
+        raise ValueError(
+            f"{checkpoint} is at step {step} and max_steps is {max_steps}: the run is finished; to train on from "
+            "it, raise max_steps"
+        )
+
+
 def clear_for_fresh_run(output_dir: str | os.PathLike, overwrite: bool, is_main: bool) -> None:
     """Refuse a fresh run into a folder with checkpoints or a finished model, or, with ``overwrite``, delete
     them (on the main process)."""
@@ -289,6 +300,20 @@ def clear_for_fresh_run(output_dir: str | os.PathLike, overwrite: bool, is_main:
             shutil.rmtree(path)
         for path in model_files:
             path.unlink()
+
+
+def check_output_dir(
+    output_dir: str | os.PathLike, resume_from_checkpoint: str | bool | None, overwrite: bool, max_steps: int
+) -> str | None:
+    """What a run into ``output_dir`` would refuse, checked without changing it (before ``accelerate launch`` starts
+    processes that would each refuse it); returns the checkpoint it would resume from."""
+    checkpoint = resume_checkpoint(output_dir, resume_from_checkpoint)
+    if checkpoint is None:
+        if not overwrite:
+            clear_for_fresh_run(output_dir, overwrite=False, is_main=False)  # refuses, deletes nothing
+    else:
+        check_steps_left(checkpoint, max_steps)
+    return checkpoint
 
 
 @contextmanager

@@ -468,7 +468,8 @@ class T3DTrainer(DataMixin, MetricsMixin, _BaseTrainer):
         warning). Without it, an ``output_dir`` that already holds checkpoints or a finished model is refused
         unless ``args.overwrite_output_dir``, which deletes them first: a fresh run must not leave an older run's
         later checkpoints for a resume to pick up, nor replace a finished model unasked. A resume with other
-        settings than its checkpoint's (objective, states, optimisation) is refused, naming each difference.
+        settings than its checkpoint's (objective, states, optimisation) is refused, naming each difference, and so is
+        a resume from a checkpoint already at ``max_steps``.
         """
         output_dir = self.args.output_dir
         resume_from_checkpoint = checkpoints.resume_checkpoint(output_dir, resume_from_checkpoint)
@@ -479,6 +480,7 @@ class T3DTrainer(DataMixin, MetricsMixin, _BaseTrainer):
             checkpoints.check_settings(
                 resume_from_checkpoint, checkpoints.run_settings(self.args, self.block_length)
             )
+            checkpoints.check_steps_left(resume_from_checkpoint, self.args.max_steps)
         return super().train(resume_from_checkpoint, *args, **kwargs)
 
     def _save_checkpoint(self, model, trial):
