@@ -530,9 +530,8 @@ def collect_trajectories(
             over the columns; its ``{problem}`` field reads ``prompt_column``. Literal braces are doubled
             (``\\boxed{{}}``).
         output_dir: where shards are written as the collection goes and the final dataset is saved
-            (``save_to_disk`` layout). Rerunning with the same folder resumes; rerunning it with more rows after
-            the ones it holds extends it (only the new prompts are decoded). A folder holding another saved
-            dataset is refused.
+            (``save_to_disk`` layout). Rerunning with the same folder resumes (with more rows after its own: extends
+            it). A folder holding another saved dataset is refused.
         generation_config: teacher decoding settings; ``None``: the defaults saved with the model. The paper
             uses ``DiffusionGenerationConfig(block_length=4, tokens_per_step=1)`` (4 steps per block).
         batch_size: prompts decoded together (sorted by length, longest first, to limit padding). ``None``: as
