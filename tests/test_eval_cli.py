@@ -238,6 +238,8 @@ def count_runs(monkeypatch) -> list[str]:
             "unknown benchmark 'nope'; registered: ['MATH500', 'GSM8K', 'MBPP', 'HumanEval', 'demo-",
         ),
         ({"data_files": ["gsm8k=missing.jsonl"]}, "data file 'missing.jsonl' does not exist"),
+        # No local copy, offline: one line (it was a traceback with exit status 1).
+        ({"data_files": []}, "could not load benchmark 'GSM8K' from the Hub dataset 'openai/gsm8k'"),
         ({"data_files": ["gsm8k=math.jsonl"]}, "benchmark 'GSM8K' needs column(s) ['question']"),
         ({"thresholds": [1.5]}, "thresholds must be in (0, 1], got 1.5"),
         ({"max_new_tokens": 6}, "decoding setting block4-tokps4"),

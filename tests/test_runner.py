@@ -537,3 +537,11 @@ def test_dynamic_settings_decode_as_the_model_would(tokenizer, benchmark_files, 
             model, tokenizer, [message], direct.update(tokens_per_step=1), progress=False
         )
         assert ones.nfe[0] > expected.nfe[0]
+
+
+def test_an_unused_data_file_is_named_and_not_recorded(caplog):
+    from t3d_trl.evaluation.grid import grid_benchmarks
+
+    benchmarks, data_files = grid_benchmarks(["gsm8k"], {"gsm8k": "g.jsonl", "math500": "m.jsonl"}, None)
+    assert [b.name for b in benchmarks] == ["GSM8K"] and data_files == {"GSM8K": "g.jsonl"}
+    assert "data_files of benchmark(s) ['MATH500'] are not used" in caplog.text

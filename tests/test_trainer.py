@@ -366,6 +366,10 @@ def test_resume_restores_the_reference_model(tokenizer, trajectories, tmp_path):
     assert logged(resumed)[-1] == pytest.approx(logged(straight)[-1], rel=1e-5)
     for a, b in zip(resumed.ref_model.parameters(), straight.ref_model.parameters()):
         torch.testing.assert_close(a, b)
+    # Saved into a folder of the user's that does not exist yet (before: safetensors' "No such file or directory").
+    straight.reference.save(str(tmp_path / "mine" / "reference"))
+    resumed.reference.load(str(tmp_path / "mine" / "reference"))
+    assert resumed.reference.synced_at == straight.reference.synced_at
 
     # Without the saved reference the resumed run re-syncs from the step-4 student and step 5 differs.
     bare = tmp_path / "bare"

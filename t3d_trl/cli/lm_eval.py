@@ -61,12 +61,12 @@ def t3d_model_arguments_help() -> str:
     """The ``--model_args`` of the ``t3d`` model that set decoding, from ``DiffusionGenerationConfig`` itself."""
     from .decoding import decoding_fields
 
-    names = [f.name for f in decoding_fields() if f.name != "eos_token_id"]  # model_args take no lists
+    names = [f.name for f in decoding_fields()]
     return (
         "\nmodel arguments of --model t3d (--model_args pretrained=PATH,key=value,...): pretrained, tokenizer, peft, "
         "dtype, device, batch_size, seed, mc_num, mc_batch_size, estimator, cfg, is_check_greedy, and every "
-        "decoding setting (unset: the model's "
-        f"saved one): {', '.join(names)}. See docs/cli.md#decoding-options."
+        "decoding setting (unset: the model's saved one; eos_token_id takes one id, as model_args hold no lists): "
+        f"{', '.join(names)}. See docs/cli.md#decoding-options."
     )
 
 

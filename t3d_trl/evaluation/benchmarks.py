@@ -249,7 +249,8 @@ class Benchmark:
                         len(rows),
                     )
                     return _head(rows, limit)
-            raise OSError(
+            # A ConnectionError (an OSError): the command line reports it in one line, as any unreachable input.
+            raise ConnectionError(
                 f"could not load benchmark {self.name!r} from the Hub dataset {self.path!r} ({err}){hint}; "
                 f"offline, pass a local json/jsonl/parquet copy with the columns {self.required_columns()} "
                 "as data_files"

@@ -230,7 +230,7 @@ def grid_benchmarks(
     unused = sorted(set(data_files) - {b.name for b in benchmarks})
     if unused:  # a recipe may list every local copy and a run evaluate a few: not an error
         logger.warning("data_files of benchmark(s) %s are not used: they are not evaluated", unused)
-    return benchmarks, data_files
+    return benchmarks, {name: path for name, path in data_files.items() if name not in unused}
 
 
 def load_examples(

@@ -210,6 +210,8 @@ class ReferenceModel:
             logger.warning("the reference model is sharded (ZeRO-3/FSDP1): not saved; a resume re-syncs it")
             return
         path = os.path.join(folder, REFERENCE_FILE)
+        if trainer.args.should_save:  # a folder of the caller's, not only a checkpoint the trainer made
+            os.makedirs(folder, exist_ok=True)
         metadata = {"synced_at": str(self.synced_at), "kind": "adapter" if self.is_adapter else "model"}
         if not (self.is_adapter or sharded):
             if trainer.args.should_save:
