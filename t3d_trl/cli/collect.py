@@ -3,8 +3,8 @@
 Recipe keys are the fields of :class:`CollectConfig` (the teacher, the source dataset and its columns, the
 prompt, every :class:`~t3d_trl.DiffusionGenerationConfig` decoding setting, batching, output and Hub
 options); flags override the recipe. The work is done by :func:`t3d_trl.collect_trajectories`; rerunning
-the same command resumes an interrupted collection, and a larger ``--limit`` extends a finished one. Run it under ``accelerate launch`` to split the prompts
-over several GPUs or processes.
+the same command resumes an interrupted collection, and a larger ``--limit`` extends a finished one. Run it
+under ``accelerate launch`` to split the prompts over several GPUs or processes.
 """
 
 from __future__ import annotations
