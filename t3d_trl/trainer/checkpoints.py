@@ -303,16 +303,24 @@ def clear_for_fresh_run(output_dir: str | os.PathLike, overwrite: bool, is_main:
 
 
 def check_output_dir(
-    output_dir: str | os.PathLike, resume_from_checkpoint: str | bool | None, overwrite: bool, max_steps: int
+    output_dir: str | os.PathLike,
+    resume_from_checkpoint: str | bool | None,
+    overwrite: bool,
+    max_steps: int,
+    settings: dict[str, Any] | None = None,
 ) -> str | None:
-    """What a run into ``output_dir`` would refuse, checked without changing it (before ``accelerate launch`` starts
-    processes that would each refuse it); returns the checkpoint it would resume from."""
+    """What a run into ``output_dir`` would refuse, checked without changing it: a fresh run over checkpoints or a
+    finished model without ``overwrite``, a resume with other ``settings`` than its checkpoint's (when given: the
+    command line checks before ``accelerate launch`` without them), or from a checkpoint already at ``max_steps``.
+    Returns the checkpoint the run resumes from (``None``: a fresh run)."""
     checkpoint = resume_checkpoint(output_dir, resume_from_checkpoint)
     if checkpoint is None:
         if not overwrite:
             clear_for_fresh_run(output_dir, overwrite=False, is_main=False)  # refuses, deletes nothing
-    else:
-        check_steps_left(checkpoint, max_steps)
+        return None
+    if settings is not None:
+        check_settings(checkpoint, settings)
+    check_steps_left(checkpoint, max_steps)
     return checkpoint
 
 

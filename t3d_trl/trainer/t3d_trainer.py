@@ -471,16 +471,19 @@ class T3DTrainer(DataMixin, MetricsMixin, _BaseTrainer):
         settings than its checkpoint's (objective, states, optimisation) is refused, naming each difference, and so is
         a resume from a checkpoint already at ``max_steps``.
         """
-        output_dir = self.args.output_dir
-        resume_from_checkpoint = checkpoints.resume_checkpoint(output_dir, resume_from_checkpoint)
+        output_dir, overwrite = self.args.output_dir, self.args.overwrite_output_dir
+        # Every process checks, so all of them stop; only the main one deletes what overwrite_output_dir clears.
+        resume_from_checkpoint = checkpoints.check_output_dir(
+            output_dir,
+            resume_from_checkpoint,
+            overwrite,
+            self.args.max_steps,
+            checkpoints.run_settings(self.args, self.block_length),
+        )
         if resume_from_checkpoint is None:
-            checkpoints.clear_for_fresh_run(output_dir, self.args.overwrite_output_dir, self.args.should_save)
+            if overwrite:  # without it, check_output_dir has refused a folder that holds anything
+                checkpoints.clear_for_fresh_run(output_dir, overwrite, self.args.should_save)
             self.accelerator.wait_for_everyone()
-        else:  # every process reads it, so all of them stop
-            checkpoints.check_settings(
-                resume_from_checkpoint, checkpoints.run_settings(self.args, self.block_length)
-            )
-            checkpoints.check_steps_left(resume_from_checkpoint, self.args.max_steps)
         return super().train(resume_from_checkpoint, *args, **kwargs)
 
     def _save_checkpoint(self, model, trial):
